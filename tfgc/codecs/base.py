@@ -1,0 +1,95 @@
+"""The codec protocol: encode a tensor into a payload of tensors and decode it back.
+
+A payload is a flat dict of tensors (tf.nest friendly) holding everything the receiving
+side needs; its bytes are exactly what crosses the wire (`payload_nbytes`).
+
+Non-finite policy (every codec): a tensor holding NaN or Inf is not data but a failed
+step. It encodes to a payload whose decoding is still non-finite (quantizing codecs send
+a NaN scale, so every element decodes to NaN), so a downstream check such as a loss-scale
+optimizer sees the failure; `ErrorFeedback` leaves its residual untouched for that step.
+"""
+import abc
+
+import tensorflow as tf
+
+MAX_ELEMENTS = 2**31 - 1  # shapes travel as int32
+
+
+class Codec(abc.ABC):
+    """Base class of tfgc's codecs.
+
+    Subclasses implement `encode` and `decode`, and may override `encode_and_reconstruct`
+    when the sender can rebuild what the receiver will decode more cheaply than by
+    decoding (error feedback needs it every step).
+    """
+
+    #: True when payloads may be summed element-wise before a single decode, so that
+    #: decode(sum of payloads) == sum of decodes (all-reduce in the compressed domain).
+    summable = False
+
+    @property
+    def name(self):
+        return type(self).__name__
+
+    @abc.abstractmethod
+    def encode(self, x):
+        """Compresses `x` into a payload (flat dict of tensors)."""
+
+    @abc.abstractmethod
+    def decode(self, payload):
+        """Rebuilds a tensor of the encoded tensor's shape and dtype from `payload`."""
+
+    def encode_and_reconstruct(self, x):
+        """Returns (payload, decode(payload)), possibly without running the decoder."""
+        payload = self.encode(x)
+        return payload, self.decode(payload)
+
+    def get_config(self):
+        """Constructor arguments, for serialization with `from_config`."""
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{self.name}({args})"
+
+
+def payload_nbytes(payload):
+    """Bytes a payload puts on the wire, as an int64 scalar tensor."""
+    total = tf.constant(0, tf.int64)
+    for tensor in tf.nest.flatten(payload):
+        tensor = tf.convert_to_tensor(tensor)
+        total += tf.size(tensor, out_type=tf.int64) * tensor.dtype.size
+    return total
+
+
+def check_floating(x, codec_name):
+    """Converts `x` to a tensor and checks it is a floating tensor of a supported size."""
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        raise TypeError(f"{codec_name} compresses floating tensors, got {x.dtype.name}")
+    if x.shape.num_elements() is not None and x.shape.num_elements() > MAX_ELEMENTS:
+        raise ValueError(
+            f"{codec_name}: tensors above {MAX_ELEMENTS} elements are not supported "
+            f"(got shape {x.shape}); split the variable"
+        )
+    return x
+
+
+def shape_of(x):
+    """The shape of `x` as an int32 tensor for a payload."""
+    return tf.shape(x, out_type=tf.int32)
+
+
+def static_shape(payload_shape):
+    """The payload's shape as a list when known at trace time, else the tensor itself."""
+    value = tf.get_static_value(payload_shape)
+    return payload_shape if value is None else [int(d) for d in value]
+
+
+def all_finite(x):
+    """Scalar bool: every element of `x` is finite (True for an empty tensor)."""
+    return tf.reduce_all(tf.math.is_finite(x))

@@ -1,0 +1,77 @@
+"""Error feedback: residual accumulation around any codec (3LC Figure 3, steps 1, 2, a, b).
+
+Each tensor stream (a key, usually a variable's name) owns a residual buffer r:
+    total = x + r             (1) accumulate the input into the buffer
+    payload = encode(total)   (2) compress the sum
+    sent = decode(payload)    (a) what the receiver will see
+    r = total - sent          (b) keep what was not sent for the next step
+so over any number of steps, sum(sent) + r == sum(x). When `total` holds NaN or Inf the
+payload still carries the failure (see tfgc.codecs.base) but r is left as it was, so one
+bad step never poisons later ones.
+"""
+import tensorflow as tf
+
+from tfgc.codecs import base
+
+
+class ErrorFeedback(tf.Module, base.Codec):
+    """Wraps a codec with per-tensor residual accumulation.
+
+    Args:
+      codec: any `tfgc.codecs.Codec`.
+      name: module name (variables are created under it).
+
+    Residuals are tf.Variables, created on a tensor's first `encode` (or by `residual`
+    ahead of time, e.g. outside a tf.function), tracked by this module and so saved by
+    `tf.train.Checkpoint`.
+    """
+
+    def __init__(self, codec, name="error_feedback"):
+        tf.Module.__init__(self, name=name)
+        if not isinstance(codec, base.Codec):
+            raise TypeError(f"ErrorFeedback wraps a tfgc Codec, got {type(codec).__name__}")
+        self.codec = codec
+        self.residuals = {}
+
+    @property
+    def summable(self):
+        return self.codec.summable
+
+    def get_config(self):
+        return {"codec": self.codec}
+
+    def residual(self, key, shape, dtype=tf.float32):
+        """The residual variable of stream `key`, created as zeros on first use."""
+        key = str(key)
+        variable = self.residuals.get(key)
+        if variable is None:
+            with self.name_scope:
+                variable = tf.Variable(
+                    tf.zeros(shape, dtype), trainable=False, name=f"residual_{len(self.residuals)}"
+                )
+            self.residuals[key] = variable
+        elif not variable.shape.is_compatible_with(shape) or variable.dtype != dtype:
+            raise ValueError(
+                f"ErrorFeedback stream {key!r} holds {variable.dtype.name}{variable.shape}, "
+                f"got {tf.as_dtype(dtype).name}{tf.TensorShape(shape)}; use one key per tensor"
+            )
+        return variable
+
+    def encode(self, x, key="default"):
+        return self.encode_and_reconstruct(x, key)[0]
+
+    def encode_and_reconstruct(self, x, key="default"):
+        """Steps 1, 2, a, b for stream `key`; returns (payload, what the receiver decodes)."""
+        x = tf.convert_to_tensor(x)
+        residual = self.residual(key, x.shape, x.dtype)
+        total = x + residual
+        payload, sent = self.codec.encode_and_reconstruct(total)
+        keep = base.all_finite(total)
+        residual.assign(tf.where(keep, total - sent, residual))
+        return payload, sent
+
+    def decode(self, payload):
+        return self.codec.decode(payload)
+
+    def __repr__(self):
+        return f"ErrorFeedback({self.codec!r})"

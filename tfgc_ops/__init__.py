@@ -1,0 +1,134 @@
+"""tfgc's C++ TensorFlow ops: zero-run encoding (3LC) and key bit-packing (FastSGD).
+
+The op library is compiled at install time against the installed TensorFlow. A library
+built for another TensorFlow minor version cannot load (TensorFlow's C++ ABI changes
+between minors), so the version it was built for is recorded in build_info.json and
+checked here before loading, with a message that says how to rebuild.
+"""
+import glob
+import json
+import os
+
+import tensorflow as tf
+
+__all__ = ["zero_run_encode", "zero_run_decode", "pack_keys", "unpack_keys", "library_path"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE_ROOT = os.path.dirname(_HERE)
+_REBUILD_HINT = (
+    "Rebuild the ops against the TensorFlow you have: in the tfgc source tree run\n"
+    "    python -m pip install --no-build-isolation --force-reinstall --no-deps -e .\n"
+    "(or `make install`; {root} looks like {what})."
+)
+MIN_FLAG_BITS, MAX_FLAG_BITS = 1, 5
+
+
+def _rebuild_hint():
+    is_source = os.path.exists(os.path.join(_SOURCE_ROOT, "setup.py"))
+    return _REBUILD_HINT.format(
+        root=_SOURCE_ROOT, what="the source tree" if is_source else "an installed copy"
+    )
+
+
+def _minor(version):
+    return ".".join(version.split(".")[:2])
+
+
+def _find_library():
+    candidates = sorted(glob.glob(os.path.join(_HERE, "_tfgc_ops*.so")))
+    info_path = os.path.join(_HERE, "build_info.json")
+    if not candidates or not os.path.exists(info_path):
+        raise ImportError(
+            f"tfgc's op library is not built (looked for _tfgc_ops*.so and build_info.json "
+            f"in {_HERE}).\n" + _rebuild_hint()
+        )
+    with open(info_path) as f:
+        info = json.load(f)
+    built_for = info.get("tensorflow", "unknown")
+    if _minor(built_for) != _minor(tf.__version__):
+        raise ImportError(
+            f"tfgc's op library was built for TensorFlow {built_for} but TensorFlow "
+            f"{tf.__version__} is installed; a library built for one minor version does not "
+            f"load in another.\n" + _rebuild_hint()
+        )
+    named = os.path.join(_HERE, info.get("library", ""))
+    return named if os.path.exists(named) else candidates[0]
+
+
+def _load():
+    path = _find_library()
+    try:
+        return path, tf.load_op_library(path)
+    except tf.errors.NotFoundError as error:  # e.g. undefined symbols from a stale build
+        raise ImportError(
+            f"tfgc's op library {path} failed to load: {error}\n" + _rebuild_hint()
+        ) from error
+
+
+library_path, _ops = _load()
+
+
+def zero_run_encode(quartic):
+    """Zero-run encodes quartic bytes (3LC section 3.3).
+
+    Args:
+      quartic: 1-D uint8 tensor of quartic-encoded bytes, each in 0..242.
+
+    Returns:
+      1-D uint8 tensor where each run of k bytes equal to 121 (2 <= k <= 14) is one byte
+      243 + (k - 2); longer runs are split greedily into 14s.
+
+    Raises:
+      tf.errors.InvalidArgumentError: a byte is above 242 or the input is not 1-D.
+    """
+    return _ops.tfgc_zero_run_encode(tf.convert_to_tensor(quartic, dtype=tf.uint8))
+
+
+def zero_run_decode(encoded):
+    """Exact inverse of `zero_run_encode`; any byte string decodes.
+
+    Args:
+      encoded: 1-D uint8 tensor.
+
+    Returns:
+      1-D uint8 tensor of quartic bytes.
+    """
+    return _ops.tfgc_zero_run_decode(tf.convert_to_tensor(encoded, dtype=tf.uint8))
+
+
+def pack_keys(keys, flag_bits=2):
+    """Packs sparse keys as delta keys in adaptive bit-level binary (FastSGD Algorithm 2).
+
+    Args:
+      keys: 1-D int32 or int64 tensor of non-negative, strictly increasing keys.
+      flag_bits: bits of the length flag, 1..5 (the paper recommends 2).
+
+    Returns:
+      1-D uint8 tensor: a header (flag bits, delta bit length, LEB128 key count) then the
+      bit stream of (flag, delta) entries, most significant bit first.
+
+    Raises:
+      ValueError: flag_bits is out of range.
+      tf.errors.InvalidArgumentError: keys are negative, not strictly increasing, or not 1-D.
+    """
+    if not MIN_FLAG_BITS <= int(flag_bits) <= MAX_FLAG_BITS:
+        raise ValueError(f"flag_bits must be in [1, 5], got {flag_bits}")
+    keys = tf.convert_to_tensor(keys)
+    if keys.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"keys must be int32 or int64, got {keys.dtype.name}")
+    return _ops.tfgc_pack_keys(keys, flag_bits=int(flag_bits))
+
+
+def unpack_keys(packed):
+    """Inverse of `pack_keys`.
+
+    Args:
+      packed: 1-D uint8 tensor produced by `pack_keys`.
+
+    Returns:
+      1-D int64 tensor of keys.
+
+    Raises:
+      tf.errors.InvalidArgumentError: the bytes are not a well-formed packing.
+    """
+    return _ops.tfgc_unpack_keys(tf.convert_to_tensor(packed, dtype=tf.uint8))
