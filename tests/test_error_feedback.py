@@ -1,0 +1,78 @@
+"""ErrorFeedback: conservation, the non-finite policy, per-tensor state, checkpoints."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgc
+
+
+@pytest.mark.parametrize("codec", [tfgc.codecs.ThreeLC(1.0), tfgc.codecs.ThreeLC(1.9)])
+def test_sent_plus_residual_equals_inputs(rng, codec):
+    ef = tfgc.ErrorFeedback(codec)
+    total_in = np.zeros([50, 20], np.float64)
+    total_sent = np.zeros_like(total_in)
+    for _ in range(30):
+        x = rng.normal(size=[50, 20]).astype(np.float32)
+        payload = ef.encode(x, key="w")
+        total_in += x
+        total_sent += ef.decode(payload).numpy()
+    residual = ef.residuals["w"].numpy()
+    np.testing.assert_allclose(total_sent + residual, total_in, atol=1e-4)
+    assert np.count_nonzero(total_sent) > 0
+
+
+def test_reconstruction_equals_receiver_decode(rng):
+    ef = tfgc.ErrorFeedback(tfgc.codecs.ThreeLC(1.5))
+    x = rng.normal(size=[300]).astype(np.float32)
+    payload, sent = ef.encode_and_reconstruct(x, key="v")
+    np.testing.assert_array_equal(sent.numpy(), ef.decode(payload).numpy())
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_step_leaves_residual_untouched(rng, bad):
+    ef = tfgc.ErrorFeedback(tfgc.codecs.ThreeLC())
+    ef.encode(rng.normal(size=[40]).astype(np.float32), key="w")
+    before = ef.residuals["w"].numpy().copy()
+    poisoned = rng.normal(size=[40]).astype(np.float32)
+    poisoned[3] = bad
+    payload = ef.encode(poisoned, key="w")
+    assert np.isnan(ef.decode(payload).numpy()).all()  # the failure stays visible
+    np.testing.assert_array_equal(ef.residuals["w"].numpy(), before)
+    ef.encode(rng.normal(size=[40]).astype(np.float32), key="w")
+    assert np.isfinite(ef.residuals["w"].numpy()).all()
+
+
+def test_streams_are_separate_and_shapes_checked():
+    ef = tfgc.ErrorFeedback(tfgc.codecs.ThreeLC())
+    ef.encode(tf.ones([4]) * tf.constant([1.0, 0.1, 0.1, 0.1]), key="a")
+    ef.encode(tf.ones([3]), key="b")
+    assert set(ef.residuals) == {"a", "b"}
+    assert np.abs(ef.residuals["a"].numpy()).max() > 0
+    np.testing.assert_array_equal(ef.residuals["b"].numpy(), 0)
+    with pytest.raises(ValueError, match="one key per tensor"):
+        ef.encode(tf.ones([5]), key="a")
+
+
+def test_in_tf_function_with_precreated_residual():
+    ef = tfgc.ErrorFeedback(tfgc.codecs.ThreeLC())
+    ef.residual("w", [8], tf.float32)
+    step = tf.function(lambda x: ef.decode(ef.encode(x, key="w")))
+    x = tf.constant([1.0, 0.3, 0.2, 0.1, 0, 0, 0, 0])
+    sent = step(x) + step(x)
+    np.testing.assert_allclose(sent.numpy() + ef.residuals["w"].numpy(), 2 * x.numpy(), atol=1e-6)
+
+
+def test_residuals_checkpoint_and_restore(tmp_path, rng):
+    ef = tfgc.ErrorFeedback(tfgc.codecs.ThreeLC())
+    ef.encode(rng.normal(size=[10]).astype(np.float32), key="w")
+    saved = ef.residuals["w"].numpy().copy()
+    path = tf.train.Checkpoint(ef=ef).save(str(tmp_path / "ckpt"))
+    restored = tfgc.ErrorFeedback(tfgc.codecs.ThreeLC())
+    restored.residual("w", [10])
+    tf.train.Checkpoint(ef=restored).restore(path).assert_consumed()
+    np.testing.assert_array_equal(restored.residuals["w"].numpy(), saved)
+
+
+def test_wraps_only_codecs():
+    with pytest.raises(TypeError, match="Codec"):
+        tfgc.ErrorFeedback(lambda x: x)

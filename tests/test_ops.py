@@ -1,0 +1,223 @@
+"""tfgc_ops against their numpy reference: identical bytes, validated inputs."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tfgc_ops
+from tfgc_ops import reference
+
+
+def quartic_bytes(rng, n, zero_fraction):
+    data = rng.integers(0, 243, n).astype(np.uint8)
+    data[rng.random(n) < zero_fraction] = reference.ZERO_GROUP
+    return data
+
+
+# --- zero-run encoding ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ([], []),
+        ([121], [121]),  # a lone 121 stays a literal
+        ([121, 121], [243]),
+        ([121] * 14, [255]),
+        ([121] * 15, [255, 121]),
+        ([121] * 16, [255, 243]),
+        ([121] * 28, [255, 255]),
+        ([0, 121, 121, 121, 242, 121], [0, 244, 242, 121]),
+    ],
+)
+def test_zero_run_encode_examples(data, expected):
+    got = tfgc_ops.zero_run_encode(np.array(data, np.uint8)).numpy()
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(reference.zero_run_encode(data), expected)
+    np.testing.assert_array_equal(tfgc_ops.zero_run_decode(got).numpy(), data)
+
+
+@pytest.mark.parametrize("zero_fraction", [0.0, 0.5, 0.9, 0.99, 1.0])
+@pytest.mark.parametrize("n", [1, 7, 1000, 300_000])
+def test_zero_run_matches_reference(rng, n, zero_fraction):
+    data = quartic_bytes(rng, n, zero_fraction)
+    encoded = tfgc_ops.zero_run_encode(data).numpy()
+    np.testing.assert_array_equal(encoded, reference.zero_run_encode(data))
+    np.testing.assert_array_equal(tfgc_ops.zero_run_decode(encoded).numpy(), data)
+
+
+def test_zero_run_runs_across_block_boundaries():
+    # Blocks are 256 KiB: a run that spans several blocks must encode as one run.
+    block = 256 * 1024
+    data = np.full(3 * block + 17, 121, np.uint8)
+    data[block - 5] = 7
+    data[2 * block + 3] = 9
+    encoded = tfgc_ops.zero_run_encode(data).numpy()
+    np.testing.assert_array_equal(encoded, reference.zero_run_encode(data))
+    assert encoded.size < data.size / 13
+
+
+def test_zero_run_encode_rejects_non_quartic_bytes():
+    data = np.array([1, 2, 243, 4], np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="byte 2 is 243"):
+        tfgc_ops.zero_run_encode(data)
+
+
+def test_zero_run_rejects_non_vectors():
+    for op in (tfgc_ops.zero_run_encode, tfgc_ops.zero_run_decode):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="1-D"):
+            op(np.zeros([2, 2], np.uint8))
+
+
+def test_zero_run_in_tf_function():
+    f = tf.function(lambda x: tfgc_ops.zero_run_decode(tfgc_ops.zero_run_encode(x)))
+    data = np.array([121] * 40 + [3], np.uint8)
+    np.testing.assert_array_equal(f(data).numpy(), data)
+
+
+def test_zero_run_decode_sizes_long_runs():
+    encoded = np.full(100_000, 255, np.uint8)
+    assert tfgc_ops.zero_run_decode(encoded).shape == (1_400_000,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600))
+def test_zero_run_decode_is_total(blob):
+    data = np.frombuffer(blob, np.uint8)
+    decoded = tfgc_ops.zero_run_decode(data).numpy()
+    np.testing.assert_array_equal(decoded, reference.zero_run_decode(data))
+    # Decoded bytes are quartic, so they encode again; the greedy encoding is canonical.
+    again = tfgc_ops.zero_run_encode(decoded).numpy()
+    np.testing.assert_array_equal(again, reference.zero_run_encode(decoded))
+    np.testing.assert_array_equal(tfgc_ops.zero_run_decode(again).numpy(), decoded)
+
+
+# --- key packing ---------------------------------------------------------------------
+
+
+def test_pack_keys_paper_example():
+    # FastSGD Fig. 3: max delta 232 -> M = 8, classes [0,4) [4,16) [16,64) [64,256);
+    # a delta of 3 is written '00' + '11'.
+    keys = np.array([3, 235], np.int64)  # deltas 3 and 232
+    packed = tfgc_ops.pack_keys(keys).numpy()
+    assert list(packed[:3]) == [2, 8, 2]  # flag bits, M, count
+    assert format(packed[3], "08b")[:4] == "0011"
+    np.testing.assert_array_equal(packed, reference.pack_keys(keys))
+
+
+@pytest.mark.parametrize("flag_bits", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n, density", [(0, 0.1), (1, 0.1), (500, 0.5), (3000, 0.01)])
+def test_pack_keys_matches_reference(rng, flag_bits, dtype, n, density):
+    universe = max(1, int(n / density))
+    keys = np.sort(rng.choice(universe, size=n, replace=False)).astype(dtype)
+    packed = tfgc_ops.pack_keys(keys, flag_bits=flag_bits).numpy()
+    np.testing.assert_array_equal(packed, reference.pack_keys(keys, flag_bits))
+    unpacked = tfgc_ops.unpack_keys(packed).numpy()
+    assert unpacked.dtype == np.int64
+    np.testing.assert_array_equal(unpacked, keys)
+
+
+def test_pack_keys_across_blocks_and_extremes(rng):
+    # More keys than one 64K block, with huge gaps and the largest int64 key.
+    gaps = rng.integers(1, 1000, 200_000).astype(np.int64)
+    gaps[::9973] = 2**40
+    keys = np.cumsum(gaps)
+    keys = np.append(keys, np.iinfo(np.int64).max)
+    packed = tfgc_ops.pack_keys(keys).numpy()
+    np.testing.assert_array_equal(tfgc_ops.unpack_keys(packed).numpy(), keys)
+    small = keys[:3000]
+    np.testing.assert_array_equal(
+        tfgc_ops.pack_keys(small).numpy(), reference.pack_keys(small)
+    )
+
+
+def test_pack_keys_first_key_zero_and_empty():
+    for keys in ([], [0], [0, 1, 2, 3]):
+        packed = tfgc_ops.pack_keys(np.array(keys, np.int64)).numpy()
+        np.testing.assert_array_equal(packed, reference.pack_keys(keys))
+        np.testing.assert_array_equal(tfgc_ops.unpack_keys(packed).numpy(), keys)
+
+
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ([1, 1], "strictly increasing"),
+        ([5, 3], "strictly increasing"),
+        ([-1, 3], "non-negative"),
+    ],
+)
+def test_pack_keys_rejects_bad_keys(keys, message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        tfgc_ops.pack_keys(np.array(keys, np.int64))
+
+
+def test_pack_keys_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="flag_bits"):
+        tfgc_ops.pack_keys([1, 2], flag_bits=6)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        tfgc_ops.pack_keys(np.array([1.0, 2.0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="1-D"):
+        tfgc_ops.pack_keys(np.zeros([2, 2], np.int64))
+
+
+@pytest.mark.parametrize(
+    "packed, message",
+    [
+        ([], "header"),
+        ([2, 8], "header"),
+        ([0, 8, 1, 0], "flag bits"),
+        ([2, 64, 1, 0], "bit length"),
+        ([2, 8, 0x80], "truncated"),
+        ([2, 8] + [0xFF] * 9 + [1], "exceeds int64"),
+        ([2, 8, 100, 0], "claims 100 keys"),
+        ([2, 8, 2, 0b00111100], "end inside entry"),
+        ([2, 2, 2, 0b00010001], "delta 0"),
+        ([2, 8, 1, 0b00110000, 0], "stray bytes"),
+        ([2, 8, 1, 0b00110001], "padding"),
+    ],
+)
+def test_unpack_keys_rejects_malformed(packed, message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        tfgc_ops.unpack_keys(np.array(packed, np.uint8))
+    with pytest.raises(ValueError):
+        reference.unpack_keys(np.array(packed, np.uint8))
+
+
+def test_unpack_keys_rejects_overflow():
+    # Two keys of 2^62 + 2^62 + ... : M = 63, deltas near 2^63 overflow int64.
+    big = reference.pack_keys([2**62, 2**63 - 1])
+    np.testing.assert_array_equal(tfgc_ops.unpack_keys(big).numpy(), [2**62, 2**63 - 1])
+    header = [1, 63, 2]
+    stream = "1" + "1" * 63 + "1" + "0" * 62 + "1"  # 2^63-1, then +1
+    stream += "0" * (-len(stream) % 8)
+    body = [int(stream[i : i + 8], 2) for i in range(0, len(stream), 8)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="overflows int64"):
+        tfgc_ops.unpack_keys(np.array(header + body, np.uint8))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=64))
+def test_unpack_keys_agrees_with_reference_on_any_bytes(blob):
+    data = np.frombuffer(blob, np.uint8)
+    try:
+        expected = reference.unpack_keys(data)
+    except ValueError:
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tfgc_ops.unpack_keys(data)
+        return
+    np.testing.assert_array_equal(tfgc_ops.unpack_keys(data).numpy(), expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=2**40), max_size=200),
+    st.integers(min_value=0, max_value=2**20),
+    st.integers(min_value=1, max_value=5),
+)
+def test_pack_keys_roundtrip_property(gaps, first, flag_bits):
+    keys = np.cumsum([first] + gaps).astype(np.int64)
+    packed = tfgc_ops.pack_keys(keys, flag_bits=flag_bits).numpy()
+    np.testing.assert_array_equal(packed, reference.pack_keys(keys, flag_bits))
+    np.testing.assert_array_equal(tfgc_ops.unpack_keys(packed).numpy(), keys)
