@@ -26,8 +26,9 @@ namespace {
 // Maps raw bytes into 0..242. Mode 0 keeps each byte modulo 243; modes 1-3 make 121 (a
 // zero group) far more likely so that long runs and runs across block seams are common.
 std::vector<uint8_t> MapAll(const uint8_t* in, size_t n, int mode) {
+  constexpr size_t kMaxMapped = 16384;  // keeps mode 3's expansion (up to 127x) cheap
   std::vector<uint8_t> out;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n && out.size() < kMaxMapped; ++i) {
     const uint8_t b = in[i];
     switch (mode) {
       case 0:
@@ -63,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> valid = MapAll(payload, n, map_mode);
   if (long_prefix) {
     std::vector<uint8_t> prefixed(4096, zr::kZeroGroup);
-    for (size_t i = 0; i < n && i < 4096; ++i) prefixed[4095 - i] = valid[i];
+    for (size_t i = 0; i < valid.size() && i < 4096; ++i) prefixed[4095 - i] = valid[i];
     prefixed.insert(prefixed.end(), valid.begin(), valid.end());
     valid.swap(prefixed);
   }

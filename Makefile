@@ -1,0 +1,37 @@
+# `make demo` and `make test` bootstrap .venv on a fresh machine (Python 3.11 + gcc).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tfgc-installed
+# TensorFlow first: the op library is compiled against it (no build isolation).
+BUILD_DEPS := "tensorflow==2.21.*" "setuptools>=68" wheel
+EXTRAS := .[test,data,bench]
+
+.PHONY: install demo test test-fast fuzz bench clean
+
+$(STAMP): setup.py pyproject.toml $(wildcard tfgc_ops/cc/*.cc tfgc_ops/cc/*.h)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(BUILD_DEPS)
+	$(PY) -m pip install --quiet --no-build-isolation -e "$(EXTRAS)"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m models.codec_demo
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not cluster and not slow"
+
+fuzz:
+	bash tfgc_ops/fuzz/run.sh
+
+bench: install
+	$(PY) benchmarks/bench_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info tfgc_ops/*.so tfgc_ops/build_info.json
