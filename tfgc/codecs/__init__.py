@@ -1,12 +1,32 @@
 """Codecs: encode(x) -> payload (flat dict of tensors), decode(payload) -> x_hat.
 
-| codec          | paper        | bits/value            | summable |
-|----------------|--------------|-----------------------|----------|
-| NoCompression  | baseline     | 32 (the dtype's bits) | yes      |
-| ThreeLC(s)     | 3LC          | <= 1.6, less with ZRE | no       |
+| codec                 | from          | float32 bits/value          | summable | stochastic |
+|-----------------------|---------------|-----------------------------|----------|------------|
+| NoCompression         | baseline      | 32                          | yes      | no         |
+| Cast("float16"/"bf16")| baseline      | 16                          | yes      | no         |
+| Int8                  | 3LC Table 1   | 8                           | no       | no         |
+| ThreeLC(s)            | 3LC           | <= 1.6, less after zero-run | no       | no         |
+| StochasticTernary     | 3LC Table 1   | 1.6                         | no       | yes        |
+| OneBit                | 3LC Table 1   | 1                           | no       | no         |
+| Sparsify(fraction)    | 3LC Table 1   | 1 + 32 * fraction           | no       | no         |
+| TopK(ratio)           | FastSGD       | 64 * ratio                  | no       | no         |
+| LogQuant(bits)        | FastSGD       | bits                        | no       | no         |
+| FastSGD(b, tau, l)    | FastSGD       | 8 per kept value + key bits | no       | no         |
+| Quantize(bits)        | MQGrad        | bits (2..8, run-time)       | no       | no         |
+| QSGD(bits)            | GradiVeQ      | bits                        | no       | yes        |
 """
-from tfgc.codecs.base import Codec, payload_nbytes
-from tfgc.codecs.identity import NoCompression
+from tfgc.codecs.base import Codec, StochasticCodec, payload_nbytes
+from tfgc.codecs.fastsgd import FastSGD
+from tfgc.codecs.identity import Cast, NoCompression
+from tfgc.codecs.logquant import LogQuant
+from tfgc.codecs.onebit import OneBit
+from tfgc.codecs.quantize import Int8, Quantize
+from tfgc.codecs.sparsify import Sparsify, TopK
+from tfgc.codecs.stochastic import QSGD, StochasticTernary
 from tfgc.codecs.threelc import ThreeLC
 
-__all__ = ["Codec", "payload_nbytes", "NoCompression", "ThreeLC"]
+__all__ = [
+    "Codec", "StochasticCodec", "payload_nbytes",
+    "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary", "OneBit",
+    "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "QSGD",
+]

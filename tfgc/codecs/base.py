@@ -54,7 +54,7 @@ class Codec(abc.ABC):
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
-        return f"{self.name}({args})"
+        return f"{type(self).__name__}({args})"
 
 
 def payload_nbytes(payload):
@@ -93,3 +93,43 @@ def static_shape(payload_shape):
 def all_finite(x):
     """Scalar bool: every element of `x` is finite (True for an empty tensor)."""
     return tf.reduce_all(tf.math.is_finite(x))
+
+
+def check_size(tensor, expected, codec_name):
+    """`tensor` once its size is checked to be `expected` (a malformed payload fails)."""
+    check = tf.debugging.assert_equal(
+        tf.cast(tf.size(tensor), tf.int64),
+        tf.cast(expected, tf.int64),
+        message=f"{codec_name} payload: data does not match its shape",
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
+
+def nan_unless(finite, scale):
+    """`scale`, or NaN when the input was not finite (the non-finite policy)."""
+    return tf.where(finite, scale, tf.constant(float("nan"), scale.dtype))
+
+
+def round_to(value, dtype):
+    """A float32 `value` rounded to `dtype` and back: what the receiver will read."""
+    return tf.cast(tf.cast(value, dtype), tf.float32)
+
+
+class StochasticCodec(tf.Module, Codec):
+    """A codec that draws random numbers from its own checkpointable generator.
+
+    Args:
+      seed: an int for reproducible draws, or None for a nondeterministic seed.
+    """
+
+    def __init__(self, seed=None, name=None):
+        tf.Module.__init__(self, name=name)
+        self.seed = seed
+        if seed is None:
+            self.generator = tf.random.Generator.from_non_deterministic_state()
+        else:
+            self.generator = tf.random.Generator.from_seed(seed)
+
+    def uniform(self, shape):
+        return self.generator.uniform(shape, dtype=tf.float32)

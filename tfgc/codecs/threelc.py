@@ -11,42 +11,28 @@ C++ op, which XLA cannot call, so it runs in the surrounding graph.
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc.codecs import base
-
-_POWERS = (81, 27, 9, 3, 1)
+from tfgc.codecs import base, quartic
 
 
 @tf.function(jit_compile=True)
 def _quantize_and_fold(x, sparsity):
     """Returns (quartic bytes, scale M, the dequantized tensor M * q)."""
     flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-    n = tf.size(flat)
-    largest = tf.where(n > 0, tf.reduce_max(tf.abs(flat)), 0.0)
+    largest = tf.where(tf.size(flat) > 0, tf.reduce_max(tf.abs(flat)), 0.0)
     scale = largest * sparsity
     finite = base.all_finite(flat)
     # A zero tensor has M = 0: divide by 1 instead and every q is 0.
     divisor = tf.where(scale > 0, scale, 1.0)
     q = tf.where(finite, tf.round(flat / divisor), 0.0)
-    digits = tf.cast(q + 1.0, tf.uint8)
-    # Pad with 3-value 0 (digit 1) so a zero tail joins a zero run.
-    groups = (n + 4) // 5
-    digits = tf.pad(digits, [[0, 5 * groups - n]], constant_values=1)
-    parts = tf.reshape(digits, [5, groups])
-    quartic = tf.zeros([groups], tf.uint8)
-    for i, power in enumerate(_POWERS):
-        quartic += parts[i] * power
     scale = tf.where(finite, scale, float("nan"))
     reconstructed = tf.cast(tf.reshape(q * scale, tf.shape(x)), x.dtype)
-    return quartic, tf.cast(scale, x.dtype), reconstructed
+    return quartic.fold(q), tf.cast(scale, x.dtype), reconstructed
 
 
 @tf.function(jit_compile=True)
-def _unfold_and_scale(quartic, scale, shape):
+def _unfold_and_scale(data, scale, shape):
     """Inverse of the folding: the first prod(shape) 3-values times the scale."""
-    n = tf.reduce_prod(shape)
-    parts = [(quartic // power) % 3 for power in _POWERS]
-    digits = tf.concat(parts, axis=0)[:n]
-    values = (tf.cast(digits, tf.float32) - 1.0) * tf.cast(scale, tf.float32)
+    values = quartic.unfold(data, tf.reduce_prod(shape)) * tf.cast(scale, tf.float32)
     return tf.cast(tf.reshape(values, shape), scale.dtype)
 
 
@@ -77,27 +63,17 @@ class ThreeLC(base.Codec):
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        quartic, scale, reconstructed = _quantize_and_fold(x, tf.constant(self.sparsity))
+        folded, scale, reconstructed = _quantize_and_fold(x, tf.constant(self.sparsity))
         payload = {
-            "data": tfgc_ops.zero_run_encode(quartic),
+            "data": tfgc_ops.zero_run_encode(folded),
             "scale": scale,
             "shape": base.shape_of(x),
         }
         return payload, reconstructed
 
     def decode(self, payload):
-        quartic = tfgc_ops.zero_run_decode(payload["data"])
+        folded = tfgc_ops.zero_run_decode(payload["data"])
         shape = payload["shape"]
-        expected = (tf.reduce_prod(shape) + 4) // 5
-        with tf.control_dependencies(
-            [
-                tf.debugging.assert_equal(
-                    tf.size(quartic),
-                    expected,
-                    message="ThreeLC payload: data does not match its shape",
-                )
-            ]
-        ):
-            quartic = tf.identity(quartic)
-        values = _unfold_and_scale(quartic, payload["scale"], shape)
+        folded = base.check_size(folded, quartic.groups_for(tf.reduce_prod(shape)), self.name)
+        values = _unfold_and_scale(folded, payload["scale"], shape)
         return tf.reshape(values, base.static_shape(shape))

@@ -1,0 +1,140 @@
+"""FastSGD's gradient encoder: values by reciprocal mapping + logarithm quantization +
+threshold filter (section 3.2, Algorithm 1); keys by delta + adaptive bit-level binary
+encoding with a length flag (section 3.3, the `pack_keys` op).
+
+For the D values v of a gradient, sum = sum|v|, R(v) = sum / |v| >= 1 and
+L(v) = ceil(log_b R(v)); values with L > tau are dropped (early stop: |v| < sum / b^tau
+never reaches the logarithm). The receiver rebuilds |v| = sum / b^L, which never exceeds
+the true |v| (the paper's deliberate underestimate), with the sign kept.
+"""
+import tensorflow as tf
+
+import tfgc_ops
+from tfgc.codecs import base
+
+SIGN_BIT = 0x80
+MAX_THRESHOLD = 128  # L in 1..128 fits the 7 bits beside the sign
+
+
+class FastSGD(base.Codec):
+    """FastSGD value + key encoder, for dense tensors and `tf.IndexedSlices`.
+
+    Args:
+      base: logarithm base b > 1 (paper: 1.1). Smaller is finer and costs nothing extra.
+      threshold: tau in 1..128 (paper: 128); values with L > tau are dropped.
+      flag_bits: length-flag bits of the key encoder, 1..5 (paper: 2).
+
+    Each kept value is one byte: a sign bit and L - 1 in seven bits (an L of 0, which
+    only the sole non-zero value of a tensor can have, is sent as 1: a further
+    underestimate by b). Dense tensors send their non-zero elements as key/value pairs;
+    for IndexedSlices, duplicate indices are summed first and keys are flattened element
+    indices of the dense shape.
+
+    Payload: {"keys": packed keys, "values": uint8 codes, "sum": float32 (float64 for
+    float64 input), "dtype": an empty tensor of the input's dtype, and "shape" (dense)
+    or "dense_shape" (IndexedSlices), int32}.
+    """
+
+    def __init__(self, base=1.1, threshold=MAX_THRESHOLD, flag_bits=2):
+        base, threshold, flag_bits = float(base), int(threshold), int(flag_bits)
+        if not base > 1.0:
+            raise ValueError(f"FastSGD base must be > 1, got {base}")
+        if not 1 <= threshold <= MAX_THRESHOLD:
+            raise ValueError(f"FastSGD threshold must be in [1, {MAX_THRESHOLD}], got {threshold}")
+        if not tfgc_ops.MIN_FLAG_BITS <= flag_bits <= tfgc_ops.MAX_FLAG_BITS:
+            raise ValueError(f"FastSGD flag_bits must be in [1, 5], got {flag_bits}")
+        self.base, self.threshold, self.flag_bits = base, threshold, flag_bits
+
+    def get_config(self):
+        return {"base": self.base, "threshold": self.threshold, "flag_bits": self.flag_bits}
+
+    # --- encoding ------------------------------------------------------------------
+
+    def encode(self, x):
+        if isinstance(x, tf.IndexedSlices):
+            return self._encode_slices(x)
+        x = base.check_floating(x, self.name)
+        flat = tf.reshape(x, [-1])
+        keys = tf.range(tf.size(flat, out_type=tf.int64))
+        payload = self._encode_pairs(keys, flat)
+        payload["shape"] = base.shape_of(x)
+        return payload
+
+    def _encode_slices(self, slices):
+        values = base.check_floating(slices.values, self.name)
+        rows, position = tf.unique(tf.cast(slices.indices, tf.int64))
+        summed = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
+        order = tf.argsort(rows)
+        rows, summed = tf.gather(rows, order), tf.gather(summed, order)
+        dense_shape = tf.cast(slices.dense_shape, tf.int64)
+        row_size = tf.reduce_prod(dense_shape[1:])
+        keys = rows[:, None] * row_size + tf.range(row_size)[None, :]
+        payload = self._encode_pairs(tf.reshape(keys, [-1]), tf.reshape(summed, [-1]))
+        payload["dense_shape"] = tf.cast(dense_shape, tf.int32)
+        return payload
+
+    def _encode_pairs(self, keys, values):
+        """Encodes values at ascending keys; zeros are never sent."""
+        wire = tf.float64 if values.dtype == tf.float64 else tf.float32
+        v = tf.cast(values, tf.float64)
+        finite = base.all_finite(v)
+        magnitude = tf.abs(tf.where(tf.math.is_finite(v), v, 0.0))
+        total = tf.cast(tf.cast(tf.reduce_sum(magnitude), wire), tf.float64)  # as received
+        total = base.nan_unless(finite, total)
+        # Early stop (Algorithm 1): |v| < sum / b^tau cannot pass the threshold filter.
+        candidate = (magnitude > 0) & (magnitude >= total * self.base**-self.threshold)
+        candidate |= ~tf.math.is_finite(v)
+        positions = tf.where(candidate)[:, 0]
+        kept = tf.gather(magnitude, positions)
+        level = tf.math.ceil(tf.math.log(total / kept) / tf.math.log(tf.constant(self.base, tf.float64)))
+        level = tf.maximum(tf.where(tf.math.is_finite(level), level, 1.0), 1.0)
+        # Logarithms round: step up where the rebuilt value would exceed the true one.
+        level += tf.cast(self._magnitudes(total, level) > kept, tf.float64)
+        passed = level <= self.threshold
+        positions, level = tf.boolean_mask(positions, passed), tf.boolean_mask(level, passed)
+        negative = tf.gather(v, positions) < 0
+        codes = tf.cast(level - 1.0, tf.int32) | tf.where(negative, SIGN_BIT, 0)
+        return {
+            "keys": tfgc_ops.pack_keys(tf.gather(keys, positions), flag_bits=self.flag_bits),
+            "values": tf.cast(codes, tf.uint8),
+            "sum": tf.cast(total, wire),
+            "dtype": tf.zeros([0], values.dtype),
+        }
+
+    def _magnitudes(self, total, level):
+        """|v| rebuilt from the sum and L, computed the same way on both sides."""
+        return total * tf.pow(tf.constant(self.base, tf.float64), -level)
+
+    # --- decoding ------------------------------------------------------------------
+
+    def decode(self, payload):
+        keys = tfgc_ops.unpack_keys(payload["keys"])
+        codes = base.check_size(tf.cast(payload["values"], tf.int32), tf.size(keys), self.name)
+        level = tf.cast((codes & ~SIGN_BIT) + 1, tf.float64)
+        magnitude = self._magnitudes(tf.cast(payload["sum"], tf.float64), level)
+        values = tf.where(codes & SIGN_BIT > 0, -magnitude, magnitude)
+        values = tf.cast(values, payload["dtype"].dtype)
+        if "dense_shape" in payload:
+            return self._decode_slices(keys, values, payload["dense_shape"])
+        shape = payload["shape"]
+        n = tf.cast(tf.reduce_prod(shape), tf.int64)
+        dense = tf.scatter_nd(keys[:, None], values, tf.reshape(n, [1]))
+        return tf.reshape(dense, base.static_shape(shape))
+
+    def _decode_slices(self, keys, values, dense_shape):
+        dense_shape = tf.cast(dense_shape, tf.int64)
+        row_size = tf.reduce_prod(dense_shape[1:])
+        rows, row_of_key = tf.unique(keys // row_size)
+        row_values = tf.scatter_nd(
+            tf.stack([tf.cast(row_of_key, tf.int64), keys % row_size], axis=1),
+            values,
+            tf.stack([tf.size(rows, out_type=tf.int64), row_size]),
+        )
+        row_values = tf.reshape(row_values, tf.concat([[-1], dense_shape[1:]], 0))
+        return tf.IndexedSlices(row_values, rows, dense_shape)
+
+
+def bits_per_key(payload):
+    """Key cost of a FastSGD payload: packed key bits per sent value (header included)."""
+    count = tf.maximum(tf.size(payload["values"]), 1)
+    return 8.0 * tf.cast(tf.size(payload["keys"]), tf.float32) / tf.cast(count, tf.float32)

@@ -1,0 +1,69 @@
+"""Logarithmic quantization (LogQuant, Miyashita et al. 2016): signed powers of two."""
+import tensorflow as tf
+
+from tfgc.codecs import base, bitpack, quantize
+
+
+class LogQuant(base.Codec):
+    """Each value becomes sign(x) * 2^e, e = round(log2|x|), in a window below max|x|.
+
+    With K bits per value, one bit is the sign and K-1 bits a level m: m = 0 is zero and
+    m >= 1 is 2^(fsr - m + 1), where 2^fsr = the power of two at or above max|x| (the
+    "full-scale range"). Values below the window's smallest power become zero.
+
+    Args:
+      bits: K in 2..8.
+
+    Payload: {"data": packed codes, "scale": 2^fsr (float32, as 2^16 overflows float16),
+    "dtype": an empty tensor of x's dtype, "shape"}.
+    """
+
+    def __init__(self, bits=4):
+        quantize.check_bits(bits)
+        self.bits = int(bits)
+        self.levels = 2 ** (self.bits - 1) - 1
+
+    def get_config(self):
+        return {"bits": self.bits}
+
+    def encode(self, x):
+        return self.encode_and_reconstruct(x)[0]
+
+    def encode_and_reconstruct(self, x):
+        x = base.check_floating(x, self.name)
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        finite = base.all_finite(flat)
+        magnitude = tf.abs(tf.where(finite, flat, 0.0))
+        largest = tf.where(tf.size(flat) > 0, tf.reduce_max(magnitude), 0.0)
+        full_scale = tf.where(largest > 0, tf.math.ceil(_log2(largest)), 0.0)
+        exponent = tf.round(_log2(tf.where(magnitude > 0, magnitude, 1.0)))
+        level = tf.minimum(full_scale, exponent)
+        level = full_scale - level + 1.0
+        level = tf.where((magnitude > 0) & (level <= self.levels), level, 0.0)
+        negative = tf.cast(flat < 0, tf.int32)
+        codes = tf.bitwise.left_shift(negative, self.bits - 1) | tf.cast(level, tf.int32)
+        scale = base.nan_unless(finite, tf.pow(2.0, full_scale))
+        payload = {
+            "data": bitpack.pack_bits(codes, self.bits),
+            "scale": scale,
+            "dtype": tf.zeros([0], x.dtype),
+            "shape": base.shape_of(x),
+        }
+        return payload, tf.cast(tf.reshape(self._values(codes, scale), tf.shape(x)), x.dtype)
+
+    def decode(self, payload):
+        shape = payload["shape"]
+        n = tf.reduce_prod(shape)
+        data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
+        values = self._values(bitpack.unpack_bits(data, self.bits, n), payload["scale"])
+        return tf.reshape(tf.cast(values, payload["dtype"].dtype), base.static_shape(shape))
+
+    def _values(self, codes, scale):
+        level = tf.cast(codes & self.levels, tf.float32)
+        magnitude = tf.where(level > 0, scale * tf.pow(2.0, 1.0 - level), 0.0)
+        magnitude = tf.where(tf.math.is_finite(scale), magnitude, scale)  # NaN scale: all NaN
+        return tf.where(tf.bitwise.right_shift(codes, self.bits - 1) > 0, -magnitude, magnitude)
+
+
+def _log2(x):
+    return tf.math.log(x) / tf.math.log(2.0)

@@ -1,0 +1,116 @@
+"""Uniform integer quantization: MQGrad's K-bit quantizer and the 8-bit int baseline."""
+import tensorflow as tf
+
+from tfgc.codecs import base, bitpack
+
+MIN_BITS, MAX_BITS = 2, 8
+
+
+class Quantize(tf.Module, base.Codec):
+    """Uniform K-bit quantization over the tensor's [min, max] range, bit-packed.
+
+    x -> q = round((x - min) / step), step = (max - min) / (2^K - 1); K bits per value on
+    the wire (not a byte). The error is at most step / 2 per element.
+
+    Args:
+      bits: K in 2..8, or an int32 tf.Variable holding K so that an agent (MQGrad) can
+        change it between steps without retracing; the payload size follows it.
+
+    Payload: {"data": packed codes, "min", "max", "bits": uint8, "shape"}.
+    """
+
+    def __init__(self, bits=8, name=None):
+        tf.Module.__init__(self, name=name)
+        if isinstance(bits, tf.Variable):
+            if bits.dtype != tf.int32:
+                raise TypeError(f"Quantize bits variable must be int32, got {bits.dtype.name}")
+            self.bits = bits
+        else:
+            check_bits(bits)
+            self.bits = tf.Variable(int(bits), dtype=tf.int32, trainable=False, name="bits")
+
+    def get_config(self):
+        return {"bits": int(self.bits.numpy())}
+
+    def encode(self, x):
+        return self.encode_and_reconstruct(x)[0]
+
+    def encode_and_reconstruct(self, x):
+        x = base.check_floating(x, self.name)
+        bits = self._checked_bits()
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        finite = base.all_finite(flat)
+        nonempty = tf.size(flat) > 0
+        # The range travels in x's dtype; both sides compute from the rounded values.
+        low = base.round_to(tf.where(nonempty & finite, tf.reduce_min(flat), 0.0), x.dtype)
+        high = base.round_to(tf.where(nonempty & finite, tf.reduce_max(flat), 0.0), x.dtype)
+        levels = tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
+        step = (high - low) / levels
+        codes = tf.round((flat - low) / tf.where(step > 0, step, 1.0))
+        codes = tf.clip_by_value(tf.where(finite, codes, 0.0), 0.0, levels)
+        low = base.nan_unless(finite, low)
+        payload = {
+            "data": bitpack.pack_bits(tf.cast(codes, tf.int32), bits),
+            "min": tf.cast(low, x.dtype),
+            "max": tf.cast(high, x.dtype),
+            "bits": tf.cast(bits, tf.uint8),
+            "shape": base.shape_of(x),
+        }
+        reconstructed = tf.cast(tf.reshape(low + codes * step, tf.shape(x)), x.dtype)
+        return payload, reconstructed
+
+    def decode(self, payload):
+        shape = payload["shape"]
+        n = tf.reduce_prod(shape)
+        bits = tf.cast(payload["bits"], tf.int32)
+        data = base.check_size(payload["data"], bitpack.packed_size(n, bits), self.name)
+        codes = tf.cast(bitpack.unpack_bits(data, bits, n), tf.float32)
+        levels = tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
+        low = tf.cast(payload["min"], tf.float32)
+        step = (tf.cast(payload["max"], tf.float32) - low) / levels
+        values = tf.cast(low + codes * step, payload["min"].dtype)
+        return tf.reshape(values, base.static_shape(shape))
+
+    def _checked_bits(self):
+        bits = tf.convert_to_tensor(self.bits)
+        check = tf.debugging.assert_equal(
+            (bits >= MIN_BITS) & (bits <= MAX_BITS), True,
+            message=f"Quantize bits must be in [{MIN_BITS}, {MAX_BITS}]",
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(bits)
+
+
+def check_bits(bits):
+    if not MIN_BITS <= int(bits) <= MAX_BITS:
+        raise ValueError(f"bits must be in [{MIN_BITS}, {MAX_BITS}], got {bits}")
+
+
+class Int8(base.Codec):
+    """8-bit integers in [-127, 127] scaled by max|x| / 127 (3LC's "8-bit int").
+
+    Payload: {"data": int8, "scale", "shape"}.
+    """
+
+    def encode(self, x):
+        return self.encode_and_reconstruct(x)[0]
+
+    def encode_and_reconstruct(self, x):
+        x = base.check_floating(x, self.name)
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        finite = base.all_finite(flat)
+        largest = tf.where((tf.size(flat) > 0) & finite, tf.reduce_max(tf.abs(flat)), 0.0)
+        scale = largest / 127.0
+        q = tf.where(finite, tf.clip_by_value(tf.round(flat / tf.where(scale > 0, scale, 1.0)), -127.0, 127.0), 0.0)
+        scale = base.round_to(base.nan_unless(finite, scale), x.dtype)
+        payload = {
+            "data": tf.cast(q, tf.int8),
+            "scale": tf.cast(scale, x.dtype),
+            "shape": base.shape_of(x),
+        }
+        return payload, tf.cast(tf.reshape(q * scale, tf.shape(x)), x.dtype)
+
+    def decode(self, payload):
+        scale = payload["scale"]
+        values = tf.cast(tf.cast(payload["data"], tf.float32) * tf.cast(scale, tf.float32), scale.dtype)
+        return tf.reshape(values, base.static_shape(payload["shape"]))

@@ -1,0 +1,103 @@
+"""Unbiased stochastic quantizers: TernGrad-like 3-values and QSGD."""
+import tensorflow as tf
+
+from tfgc.codecs import base, bitpack, quartic, quantize
+
+
+class StochasticTernary(base.StochasticCodec):
+    """Stochastic 3-value quantization + quartic encoding (3LC's "Stoch 3-value + QE").
+
+    q = sign(x) with probability |x| / M, else 0, M = max|x|: E[M q] = x (TernGrad
+    without gradient clipping); 1.6 bits per value.
+
+    Payload: {"data": quartic bytes, "scale": M in x's dtype, "shape"}.
+    """
+
+    def __init__(self, seed=None):
+        super().__init__(seed=seed, name="stochastic_ternary")
+
+    def get_config(self):
+        return {"seed": self.seed}
+
+    def encode(self, x):
+        return self.encode_and_reconstruct(x)[0]
+
+    def encode_and_reconstruct(self, x):
+        x = base.check_floating(x, self.name)
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        finite = base.all_finite(flat)
+        largest = tf.where((tf.size(flat) > 0) & finite, tf.reduce_max(tf.abs(flat)), 0.0)
+        scale = base.round_to(base.nan_unless(finite, largest), x.dtype)
+        probability = tf.abs(flat) / tf.where(scale > 0, scale, 1.0)
+        keep = self.uniform(tf.shape(flat)) < probability
+        q = tf.where(keep & finite, tf.sign(flat), 0.0)
+        payload = {
+            "data": quartic.fold(q),
+            "scale": tf.cast(scale, x.dtype),
+            "shape": base.shape_of(x),
+        }
+        return payload, tf.cast(tf.reshape(q * scale, tf.shape(x)), x.dtype)
+
+    def decode(self, payload):
+        shape = payload["shape"]
+        n = tf.reduce_prod(shape)
+        data = base.check_size(payload["data"], quartic.groups_for(n), self.name)
+        scale = payload["scale"]
+        values = tf.cast(quartic.unfold(data, n) * tf.cast(scale, tf.float32), scale.dtype)
+        return tf.reshape(values, base.static_shape(shape))
+
+
+class QSGD(base.StochasticCodec):
+    """QSGD (Alistarh et al. 2017): stochastic rounding of |x| / ||x||_2 to s levels.
+
+    With `bits` K, each value is a sign bit and a level in 0..s, s = 2^(K-1) - 1, rounded
+    up with probability equal to the remainder, so E[decode] = x. K bits per value.
+
+    Args:
+      bits: K in 2..8 (GradiVeQ samples with 4).
+      seed: int for reproducible draws.
+
+    Payload: {"data": packed codes, "norm" in x's dtype, "shape"}.
+    """
+
+    def __init__(self, bits=4, seed=None):
+        quantize.check_bits(bits)
+        super().__init__(seed=seed, name="qsgd")
+        self.bits = int(bits)
+        self.levels = 2 ** (self.bits - 1) - 1
+
+    def get_config(self):
+        return {"bits": self.bits, "seed": self.seed}
+
+    def encode(self, x):
+        return self.encode_and_reconstruct(x)[0]
+
+    def encode_and_reconstruct(self, x):
+        x = base.check_floating(x, self.name)
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        finite = base.all_finite(flat)
+        norm = base.round_to(base.nan_unless(finite, tf.norm(tf.where(finite, flat, 0.0))), x.dtype)
+        scaled = tf.abs(flat) / tf.where(norm > 0, norm, 1.0) * self.levels
+        lower = tf.floor(scaled)
+        level = lower + tf.cast(self.uniform(tf.shape(flat)) < scaled - lower, tf.float32)
+        level = tf.where(finite, tf.minimum(level, self.levels), 0.0)
+        negative = tf.cast(flat < 0, tf.int32)
+        codes = tf.bitwise.left_shift(negative, self.bits - 1) | tf.cast(level, tf.int32)
+        payload = {
+            "data": bitpack.pack_bits(codes, self.bits),
+            "norm": tf.cast(norm, x.dtype),
+            "shape": base.shape_of(x),
+        }
+        signed = tf.where(flat < 0, -level, level)
+        return payload, tf.cast(tf.reshape(signed * norm / self.levels, tf.shape(x)), x.dtype)
+
+    def decode(self, payload):
+        shape = payload["shape"]
+        n = tf.reduce_prod(shape)
+        data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
+        codes = bitpack.unpack_bits(data, self.bits, n)
+        level = tf.cast(codes & self.levels, tf.float32)
+        signed = tf.where(tf.bitwise.right_shift(codes, self.bits - 1) > 0, -level, level)
+        norm = payload["norm"]
+        values = tf.cast(signed * tf.cast(norm, tf.float32) / self.levels, norm.dtype)
+        return tf.reshape(values, base.static_shape(shape))
