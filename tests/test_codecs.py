@@ -1,0 +1,252 @@
+"""Properties every codec must have, and each codec's own promise."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgc
+from tfgc.codecs import fastsgd
+
+C = tfgc.codecs
+
+
+def all_codecs():
+    return [
+        C.NoCompression(), C.Cast("float16"), C.Cast("bfloat16"), C.Int8(), C.ThreeLC(1.0),
+        C.ThreeLC(1.9), C.StochasticTernary(seed=3), C.OneBit(), C.Sparsify(0.25),
+        C.Sparsify(0.05), C.TopK(0.01), C.LogQuant(4), C.FastSGD(), C.Quantize(2),
+        C.Quantize(8), C.QSGD(4, seed=3),
+    ]
+
+
+CODECS = all_codecs()
+IDS = [repr(c) for c in CODECS]
+
+
+def gradient_like(rng, shape, dtype=np.float32):
+    return (rng.standard_t(3, size=shape) * 1e-2).astype(dtype)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=IDS)
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+@pytest.mark.parametrize("shape", [[], [0], [1], [7], [33, 5], [3, 3, 4, 2]])
+def test_decode_keeps_shape_and_dtype(rng, codec, dtype, shape):
+    x = tf.cast(gradient_like(rng, shape), dtype)
+    payload = codec.encode(x)
+    assert all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(payload))
+    decoded = codec.decode(payload)
+    assert decoded.shape == x.shape and decoded.dtype == dtype
+    payload, reconstructed = codec.encode_and_reconstruct(x)
+    assert reconstructed.shape == x.shape and reconstructed.dtype == dtype
+    if not isinstance(codec, C.StochasticCodec):  # deterministic codecs: sender == receiver
+        np.testing.assert_array_equal(
+            tf.cast(reconstructed, tf.float64).numpy(),
+            tf.cast(codec.decode(payload), tf.float64).numpy(),
+        )
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=IDS)
+def test_wire_bytes_follow_the_table(rng, codec):
+    x = gradient_like(rng, [200, 50])
+    bits = 8 * int(C.payload_nbytes(codec.encode(x))) / x.size
+    nominal = {
+        C.NoCompression: 32, C.Cast: 16, C.Int8: 8, C.StochasticTernary: 1.6, C.OneBit: 1,
+        C.LogQuant: getattr(codec, "bits", 0), C.QSGD: getattr(codec, "bits", 0),
+    }
+    if type(codec) in nominal:
+        assert nominal[type(codec)] <= bits < nominal[type(codec)] + 0.05
+    elif isinstance(codec, C.Quantize):
+        assert int(codec.bits.numpy()) <= bits < int(codec.bits.numpy()) + 0.05
+    elif isinstance(codec, C.Sparsify):
+        assert bits == pytest.approx(1 + 32 * codec.fraction, rel=0.35)
+    elif isinstance(codec, C.TopK):
+        assert bits == pytest.approx(64 * codec.ratio, rel=0.05)
+    elif isinstance(codec, C.ThreeLC):
+        assert bits <= 1.6 + 0.05
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=IDS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_input_decodes_non_finite(rng, codec, bad):
+    x = gradient_like(rng, [40])
+    x[11] = bad
+    decoded = codec.decode(codec.encode(x)).numpy()
+    assert not np.isfinite(decoded).all()
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=IDS)
+def test_error_feedback_conserves_every_codec(rng, codec):
+    feedback = tfgc.ErrorFeedback(codec)
+    total_in, total_sent = np.zeros(300), np.zeros(300)
+    for _ in range(8):
+        x = gradient_like(rng, [300])
+        total_in += x
+        total_sent += feedback.decode(feedback.encode(x, key="g")).numpy()
+    residual = feedback.residuals["g"].numpy()
+    np.testing.assert_allclose(total_sent + residual, total_in, atol=1e-5)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=IDS)
+def test_usable_in_tf_function(rng, codec):
+    x = tf.constant(gradient_like(rng, [64, 3]))
+    roundtrip = tf.function(lambda x: codec.decode(codec.encode(x)))
+    decoded = roundtrip(x)
+    assert decoded.shape == x.shape  # static shape survives tracing
+    if not isinstance(codec, C.StochasticCodec):
+        np.testing.assert_array_equal(decoded.numpy(), codec.decode(codec.encode(x)).numpy())
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=IDS)
+def test_config_roundtrip(codec):
+    again = type(codec).from_config(codec.get_config())
+    assert again.get_config() == codec.get_config()
+
+
+def test_huge_tensors_are_refused_before_allocation():
+    codec = C.ThreeLC()
+    traced = tf.function(codec.encode, input_signature=[tf.TensorSpec([2**31], tf.float32)])
+    with pytest.raises(ValueError, match="above 2147483647 elements"):
+        traced.get_concrete_function()
+
+
+# --- stochastic codecs: unbiased ------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", [C.StochasticTernary(seed=7), C.QSGD(2, seed=7), C.QSGD(4, seed=7)],
+                         ids=["ternary", "qsgd2", "qsgd4"])
+def test_stochastic_codecs_are_unbiased(rng, codec):
+    x = gradient_like(rng, [64])
+    draws = 4000
+    encode_many = tf.function(lambda x: tf.add_n([codec.decode(codec.encode(x)) for _ in range(50)]))
+    mean = sum(encode_many(x).numpy() for _ in range(draws // 50)) / draws
+    spread = np.abs(x).max() if isinstance(codec, C.StochasticTernary) else np.linalg.norm(x)
+    # Standard error of the mean is at most spread / (2 sqrt(draws)); allow 5 of them.
+    np.testing.assert_allclose(mean, x, atol=5 * spread / (2 * np.sqrt(draws)))
+
+
+def test_stochastic_codecs_reproduce_with_a_seed(rng):
+    x = gradient_like(rng, [100])
+    a, b = C.QSGD(4, seed=11), C.QSGD(4, seed=11)
+    np.testing.assert_array_equal(a.encode(x)["data"].numpy(), b.encode(x)["data"].numpy())
+
+
+# --- deterministic codecs: their own bounds -----------------------------------------
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_quantize_error_bound(rng, bits):
+    x = gradient_like(rng, [1000])
+    decoded = C.Quantize(bits).decode(C.Quantize(bits).encode(x)).numpy()
+    step = (x.max() - x.min()) / (2**bits - 1)
+    assert np.abs(decoded - x).max() <= step / 2 * (1 + 1e-4) + 1e-9
+
+
+def test_quantize_bits_change_without_retracing(rng):
+    bits = tf.Variable(2, dtype=tf.int32)
+    codec = C.Quantize(bits)
+    x = tf.constant(gradient_like(rng, [1000]))
+    step = tf.function(lambda x: (C.payload_nbytes(codec.encode(x)), codec.decode(codec.encode(x))))
+    sizes, errors = [], []
+    for k in (2, 4, 8):
+        bits.assign(k)
+        size, decoded = step(x)
+        sizes.append(int(size))
+        errors.append(float(tf.norm(decoded - x)))
+    assert step.experimental_get_tracing_count() == 1
+    assert sizes[0] < sizes[1] < sizes[2] and sizes[2] - sizes[0] == 6 * 1000 // 8
+    assert errors[0] > errors[1] > errors[2]
+    bits.assign(9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bits must be in"):
+        step(x)
+
+
+def test_fastsgd_never_overestimates_and_keeps_signs(rng):
+    x = gradient_like(rng, [5000]).astype(np.float64)
+    for codec in (C.FastSGD(), C.FastSGD(base=2.0, threshold=20), C.FastSGD(base=1.01)):
+        decoded = codec.decode(codec.encode(x)).numpy()
+        assert (np.abs(decoded) <= np.abs(x)).all()
+        sent = decoded != 0
+        assert (np.sign(decoded[sent]) == np.sign(x[sent])).all()
+        # Within one factor of b of the truth where sent.
+        assert (np.abs(decoded[sent]) * codec.base >= np.abs(x[sent]) * (1 - 1e-9)).all()
+
+
+def test_fastsgd_threshold_filter(rng):
+    x = gradient_like(rng, [2000])
+    codec = C.FastSGD(base=2.0, threshold=10)
+    decoded = codec.decode(codec.encode(x)).numpy()
+    cutoff = np.abs(x).sum() / 2.0**10
+    assert (decoded[np.abs(x) < cutoff] == 0).all()
+    assert (decoded[np.abs(x) >= cutoff * 2] != 0).all()
+
+
+def test_fastsgd_sparse_keys_cost(rng):
+    # A gradient with 5% non-zeros: keys cost about log2(D/d) + l bits.
+    x = np.zeros(200_000, np.float32)
+    where = np.sort(rng.choice(x.size, 10_000, replace=False))
+    x[where] = gradient_like(rng, [where.size])
+    payload = C.FastSGD().encode(x)
+    assert float(fastsgd.bits_per_key(payload)) <= np.log2(20) + 2 + 1.5
+    decoded = C.FastSGD().decode(payload).numpy()
+    assert set(np.flatnonzero(decoded)) <= set(where)
+
+
+def test_fastsgd_indexed_slices_sum_duplicates():
+    values = tf.constant([[1.0, -2.0], [3.0, 0.5], [0.25, 4.0]])
+    slices = tf.IndexedSlices(values, tf.constant([5, 2, 5]), tf.constant([8, 2]))
+    codec = C.FastSGD()  # b = 1.1, tau = 128: everything within 1.1^128 of the sum is kept
+    decoded = codec.decode(codec.encode(slices))
+    assert isinstance(decoded, tf.IndexedSlices)
+    assert decoded.indices.numpy().tolist() == [2, 5]
+    dense = tf.convert_to_tensor(decoded).numpy()
+    expected = np.zeros([8, 2], np.float32)
+    expected[5] = [1.25, 2.0]
+    expected[2] = [3.0, 0.5]
+    assert (np.abs(dense) <= np.abs(expected) + 1e-7).all()
+    np.testing.assert_allclose(dense, expected, rtol=0.1)
+
+
+def test_fastsgd_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="base"):
+        C.FastSGD(base=1.0)
+    with pytest.raises(ValueError, match="threshold"):
+        C.FastSGD(threshold=129)
+    with pytest.raises(ValueError, match="flag_bits"):
+        C.FastSGD(flag_bits=6)
+
+
+def test_one_bit_values_minimize_squared_error(rng):
+    x = gradient_like(rng, [500])
+    payload = C.OneBit().encode(x)
+    assert float(payload["positive"]) == pytest.approx(x[x >= 0].mean(), rel=1e-5)
+    assert float(payload["negative"]) == pytest.approx(x[x < 0].mean(), rel=1e-5)
+
+
+def test_sparsifiers_keep_the_largest(rng):
+    x = gradient_like(rng, [10_000])
+    top = C.TopK(0.01).decode(C.TopK(0.01).encode(x)).numpy()
+    assert np.count_nonzero(top) == 100
+    assert np.abs(x[top != 0]).min() >= np.sort(np.abs(x))[-100]
+    kept = C.Sparsify(0.05).decode(C.Sparsify(0.05).encode(x)).numpy() != 0
+    assert 0.03 < kept.mean() < 0.07
+    assert np.abs(x[kept]).min() >= np.abs(x[~kept]).max()
+
+
+def test_logquant_rounds_to_powers_of_two():
+    x = np.array([1.0, -0.5, 0.3, 0.0, 1e-9, 0.7], np.float32)
+    decoded = C.LogQuant(4).decode(C.LogQuant(4).encode(x)).numpy()
+    np.testing.assert_array_equal(decoded, [1.0, -0.5, 0.25, 0.0, 0.0, 0.5])
+
+
+def test_cast_saturates_instead_of_overflowing():
+    x = np.array([1e6, -1e6, 1.0], np.float32)
+    decoded = C.Cast("float16").decode(C.Cast("float16").encode(x)).numpy()
+    np.testing.assert_array_equal(decoded, [65504.0, -65504.0, 1.0])
+
+
+def test_malformed_payload_is_refused(rng):
+    x = gradient_like(rng, [100])
+    for codec in (C.Quantize(4), C.QSGD(4, seed=1), C.OneBit(), C.LogQuant(3), C.StochasticTernary(seed=1)):
+        payload = dict(codec.encode(x))
+        payload["shape"] = tf.constant([400])
+        with pytest.raises(tf.errors.InvalidArgumentError, match="does not match its shape"):
+            codec.decode(payload)
