@@ -50,7 +50,8 @@ def test_wire_bytes_follow_the_table(rng, codec):
     bits = 8 * int(C.payload_nbytes(codec.encode(x))) / x.size
     nominal = {
         C.NoCompression: 32, C.Cast: 16, C.Int8: 8, C.StochasticTernary: 1.6, C.OneBit: 1,
-        C.LogQuant: getattr(codec, "bits", 0), C.QSGD: getattr(codec, "bits", 0),
+        C.LogQuant: getattr(codec, "bits", 0),
+        C.QSGD: getattr(codec, "bits", 0) + 32 / getattr(codec, "bucket_size", 1),
     }
     if type(codec) in nominal:
         assert nominal[type(codec)] <= bits < nominal[type(codec)] + 0.05
@@ -119,8 +120,18 @@ def test_stochastic_codecs_are_unbiased(rng, codec):
     encode_many = tf.function(lambda x: tf.add_n([codec.decode(codec.encode(x)) for _ in range(50)]))
     mean = sum(encode_many(x).numpy() for _ in range(draws // 50)) / draws
     spread = np.abs(x).max() if isinstance(codec, C.StochasticTernary) else np.linalg.norm(x)
+    # QSGD's buckets hold 512 values, so here one bucket: its norm is ||x||.
     # Standard error of the mean is at most spread / (2 sqrt(draws)); allow 5 of them.
     np.testing.assert_allclose(mean, x, atol=5 * spread / (2 * np.sqrt(draws)))
+
+
+def test_qsgd_buckets_have_their_own_norms(rng):
+    x = np.concatenate([np.full(8, 100.0), np.full(8, 0.01)]).astype(np.float32)
+    codec = C.QSGD(4, bucket_size=8, seed=1)
+    payload = codec.encode(x)
+    np.testing.assert_allclose(payload["norms"].numpy(), [100 * np.sqrt(8), 0.01 * np.sqrt(8)], rtol=1e-6)
+    decoded = codec.decode(payload).numpy()
+    assert np.abs(decoded[8:]).max() <= 0.01 * np.sqrt(8) + 1e-7
 
 
 def test_stochastic_codecs_reproduce_with_a_seed(rng):

@@ -48,26 +48,32 @@ class StochasticTernary(base.StochasticCodec):
 
 
 class QSGD(base.StochasticCodec):
-    """QSGD (Alistarh et al. 2017): stochastic rounding of |x| / ||x||_2 to s levels.
+    """QSGD (Alistarh et al. 2017): stochastic rounding of |x| / ||bucket||_2 to s levels.
 
-    With `bits` K, each value is a sign bit and a level in 0..s, s = 2^(K-1) - 1, rounded
-    up with probability equal to the remainder, so E[decode] = x. K bits per value.
+    The flattened tensor is split into buckets of `bucket_size` values (QSGD's d; the
+    last one zero-padded), each with its own L2 norm. With `bits` K, each value is a sign
+    bit and a level in 0..s, s = 2^(K-1) - 1, rounded up with probability equal to the
+    remainder, so E[decode] = x. K bits per value plus 32 bits per bucket.
 
     Args:
       bits: K in 2..8 (GradiVeQ samples with 4).
+      bucket_size: values per norm (QSGD's experiments use 512).
       seed: int for reproducible draws.
 
-    Payload: {"data": packed codes, "norm" in x's dtype, "shape"}.
+    Payload: {"data": packed codes, "norms" (one per bucket, x's dtype), "shape"}.
     """
 
-    def __init__(self, bits=4, seed=None):
+    def __init__(self, bits=4, bucket_size=512, seed=None):
         quantize.check_bits(bits)
+        if int(bucket_size) < 1:
+            raise ValueError(f"QSGD bucket_size must be >= 1, got {bucket_size}")
         super().__init__(seed=seed, name="qsgd")
         self.bits = int(bits)
+        self.bucket_size = int(bucket_size)
         self.levels = 2 ** (self.bits - 1) - 1
 
     def get_config(self):
-        return {"bits": self.bits, "seed": self.seed}
+        return {"bits": self.bits, "bucket_size": self.bucket_size, "seed": self.seed}
 
     def encode(self, x):
         return self.encode_and_reconstruct(x)[0]
@@ -76,28 +82,39 @@ class QSGD(base.StochasticCodec):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         finite = base.all_finite(flat)
-        norm = base.round_to(base.nan_unless(finite, tf.norm(tf.where(finite, flat, 0.0))), x.dtype)
-        scaled = tf.abs(flat) / tf.where(norm > 0, norm, 1.0) * self.levels
+        buckets = self._buckets(tf.where(tf.math.is_finite(flat), flat, 0.0))
+        norms = base.round_to(tf.norm(buckets, axis=1, keepdims=True), x.dtype)
+        norms = base.nan_unless(finite, norms)
+        scaled = tf.abs(buckets) / tf.where(norms > 0, norms, 1.0) * self.levels
         lower = tf.floor(scaled)
-        level = lower + tf.cast(self.uniform(tf.shape(flat)) < scaled - lower, tf.float32)
-        level = tf.where(finite, tf.minimum(level, self.levels), 0.0)
-        negative = tf.cast(flat < 0, tf.int32)
+        level = lower + tf.cast(self.uniform(tf.shape(buckets)) < scaled - lower, tf.float32)
+        level = tf.minimum(level, self.levels)
+        negative = tf.cast(buckets < 0, tf.int32)
         codes = tf.bitwise.left_shift(negative, self.bits - 1) | tf.cast(level, tf.int32)
+        n = tf.size(flat)
         payload = {
-            "data": bitpack.pack_bits(codes, self.bits),
-            "norm": tf.cast(norm, x.dtype),
+            "data": bitpack.pack_bits(tf.reshape(codes, [-1])[:n], self.bits),
+            "norms": tf.cast(tf.reshape(norms, [-1]), x.dtype),
             "shape": base.shape_of(x),
         }
-        signed = tf.where(flat < 0, -level, level)
-        return payload, tf.cast(tf.reshape(signed * norm / self.levels, tf.shape(x)), x.dtype)
+        signed = tf.where(buckets < 0, -level, level) * norms / self.levels
+        return payload, tf.cast(tf.reshape(tf.reshape(signed, [-1])[:n], tf.shape(x)), x.dtype)
 
     def decode(self, payload):
         shape = payload["shape"]
         n = tf.reduce_prod(shape)
         data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
-        codes = bitpack.unpack_bits(data, self.bits, n)
+        norms = base.check_size(payload["norms"], (n + self.bucket_size - 1) // self.bucket_size, self.name)
+        codes = self._buckets(bitpack.unpack_bits(data, self.bits, n))
         level = tf.cast(codes & self.levels, tf.float32)
         signed = tf.where(tf.bitwise.right_shift(codes, self.bits - 1) > 0, -level, level)
-        norm = payload["norm"]
-        values = tf.cast(signed * tf.cast(norm, tf.float32) / self.levels, norm.dtype)
+        values = signed * tf.cast(norms, tf.float32)[:, None] / self.levels
+        values = tf.cast(tf.reshape(values, [-1])[:n], norms.dtype)
         return tf.reshape(values, base.static_shape(shape))
+
+    def _buckets(self, flat):
+        """[n] -> [ceil(n / bucket_size), bucket_size], zero-padded."""
+        n = tf.size(flat)
+        count = (n + self.bucket_size - 1) // self.bucket_size
+        padded = tf.pad(flat, [[0, count * self.bucket_size - n]])
+        return tf.reshape(padded, [count, self.bucket_size])
