@@ -19,6 +19,8 @@
 //     MaxDelta/StreamBits with the previous key, WriteStream at the block's first_bit
 //     into its own exactly-sized buffer, first bytes merged with OR) equals Pack byte for
 //     byte, and the OR never merges two set bits.
+//   * CheckKeys, on the whole list and on the block holding it, rejects a copy of the keys
+//     with one key made negative or not larger than its predecessor, naming that key.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -189,5 +191,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::copy(part.begin() + 1, part.end(), dst + 1);
   }
   Check(composed == packed, "multi-block composition differs from Pack");
+
+  // CheckKeys rejects a broken copy and names the broken key, whole and per block.
+  if (n > 0) {
+    const int64_t j = (data[0] / 5) % n;
+    std::vector<int64_t> bad = keys;
+    bad[j] = j == 0 ? -1 - bad[0] % 7 : bad[j - 1] - (data[0] & 1);
+    const std::string name = "key " + std::to_string(j) + " ";
+    const std::string whole = kp::CheckKeys(bad.data(), n, -1, 0);
+    Check(whole.find(name) != std::string::npos, "CheckKeys misses or misnames a bad key");
+    const int64_t b = j / block_keys, begin = begin_of(b);
+    const int64_t previous = b == 0 ? -1 : bad[begin - 1];
+    const std::string block =
+        kp::CheckKeys(bad.data() + begin, begin_of(b + 1) - begin, previous, begin);
+    Check(block.find(name) != std::string::npos, "block CheckKeys misses or misnames a bad key");
+  }
   return 0;
 }
