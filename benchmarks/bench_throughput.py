@@ -42,6 +42,8 @@ decode, ThreeLC >= 2 GB/s encode and >= 5 GB/s decode (fp32 bytes).
 
 --glibc-tunables passes GLIBC_TUNABLES to the subprocesses, e.g. glibc.malloc.hugetlb=1
 to let glibc back TensorFlow's large allocations with transparent huge pages.
+--bfc sets TF_CPU_ALLOCATOR_USE_BFC=true in the subprocesses: TensorFlow's own CPU
+allocator then reuses memory instead of page-faulting every fresh large tensor.
 """
 import argparse
 import json
@@ -152,7 +154,9 @@ def child(args):
     tag = f"[threads={threads}]"
     log(f"{tag} TF {tf.__version__}, intra={tf.config.threading.get_intra_op_parallelism_threads()} "
         f"inter={tf.config.threading.get_inter_op_parallelism_threads()}, "
-        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, loadavg={os.getloadavg()}")
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, "
+        f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', '')!r}, "
+        f"loadavg={os.getloadavg()}")
     try:
         import zstandard
     except ImportError:
@@ -397,6 +401,8 @@ def parse_args():
     parser.add_argument("--sparsities", default="1.0,1.75", help="ThreeLC s values")
     parser.add_argument("--datasets", default="t3,ef", help="t3, ef or both")
     parser.add_argument("--ef-steps", type=int, default=8, help="error-feedback warm-up steps")
+    parser.add_argument("--bfc", action="store_true",
+                        help="TF_CPU_ALLOCATOR_USE_BFC=true for the subprocesses")
     parser.add_argument("--glibc-tunables", default=None,
                         help="GLIBC_TUNABLES for the subprocesses (default: inherit)")
     parser.add_argument("--json", default=None, help="also write all results to this file")
@@ -446,6 +452,8 @@ def main():
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             if args.glibc_tunables is not None:
                 env["GLIBC_TUNABLES"] = args.glibc_tunables
+            if args.bfc:
+                env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
             out = os.path.join(data_dir, f"result_{t}.json")
             command = [sys.executable, os.path.abspath(__file__), "--child",
                        f"--threads-child={t}", f"--data-dir={data_dir}", f"--json-out={out}",

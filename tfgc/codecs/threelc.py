@@ -14,19 +14,35 @@ import tfgc_ops
 from tfgc.codecs import base, quartic
 
 
+def _scale(flat, sparsity):
+    """M = max|x| * s, NaN when x holds a non-finite value, 0 for an empty tensor."""
+    # max(max x, -min x) reads x once without an |x| temporary; the outer abs keeps +0
+    # for a tensor of -0s. XLA's max skips NaN, hence the separate finiteness check.
+    largest = tf.abs(tf.maximum(tf.reduce_max(flat), -tf.reduce_min(flat)))
+    largest = tf.where(tf.size(flat) > 0, largest, 0.0)
+    return base.nan_unless(base.all_finite(flat), largest * sparsity)
+
+
+def _quantize(flat, scale):
+    """round(x / M) in {-1, 0, 1}; all zeros when M is 0 or NaN."""
+    usable = scale > 0  # False for NaN too
+    return tf.where(usable, tf.round(flat / tf.where(usable, scale, 1.0)), 0.0)
+
+
 @tf.function(jit_compile=True)
 def _quantize_and_fold(x, sparsity):
-    """Returns (quartic bytes, scale M, the dequantized tensor M * q)."""
+    """Returns (quartic bytes, scale M in x's dtype)."""
     flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-    largest = tf.where(tf.size(flat) > 0, tf.reduce_max(tf.abs(flat)), 0.0)
-    scale = largest * sparsity
-    finite = base.all_finite(flat)
-    # A zero tensor has M = 0: divide by 1 instead and every q is 0.
-    divisor = tf.where(scale > 0, scale, 1.0)
-    q = tf.where(finite, tf.round(flat / divisor), 0.0)
-    scale = tf.where(finite, scale, float("nan"))
-    reconstructed = tf.cast(tf.reshape(q * scale, tf.shape(x)), x.dtype)
-    return quartic.fold(q), tf.cast(scale, x.dtype), reconstructed
+    scale = _scale(flat, sparsity)
+    return quartic.fold(_quantize(flat, scale)), tf.cast(scale, x.dtype)
+
+
+@tf.function(jit_compile=True)
+def _dequantized(x, scale):
+    """M * round(x / M): what the receiver decodes, computed without decoding."""
+    scale = tf.cast(scale, tf.float32)
+    values = _quantize(tf.cast(x, tf.float32), scale) * scale
+    return tf.cast(values, x.dtype)
 
 
 @tf.function(jit_compile=True)
@@ -59,17 +75,17 @@ class ThreeLC(base.Codec):
         return {"sparsity": self.sparsity}
 
     def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
-
-    def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        folded, scale, reconstructed = _quantize_and_fold(x, tf.constant(self.sparsity))
-        payload = {
+        folded, scale = _quantize_and_fold(x, tf.constant(self.sparsity))
+        return {
             "data": tfgc_ops.zero_run_encode(folded),
             "scale": scale,
             "shape": base.shape_of(x),
         }
-        return payload, reconstructed
+
+    def encode_and_reconstruct(self, x):
+        payload = self.encode(x)
+        return payload, _dequantized(x, payload["scale"])
 
     def decode(self, payload):
         folded = tfgc_ops.zero_run_decode(payload["data"])

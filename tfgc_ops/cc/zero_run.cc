@@ -17,14 +17,28 @@ constexpr uint8_t kLongestRunByte = kFirstRunByte + (kMaxRun - 2);  // 255
 constexpr uint8_t kRunByte[kMaxRun + 1] = {0,   121, 243, 244, 245, 246, 247, 248,
                                            249, 250, 251, 252, 253, 254, 255};
 
+constexpr uint64_t kEightZeroGroups = 0x7979797979797979ULL;
+
+// Decoded length of each byte: 1 for a literal, 2..14 for a run byte.
+constexpr struct DecodedLengths {
+  uint8_t of[256];
+  constexpr DecodedLengths() : of() {
+    for (int b = 0; b < 256; ++b) of[b] = b < kFirstRunByte ? 1 : b - (kFirstRunByte - 2);
+  }
+} kDecodedLength;
+
+// True when some byte of v is zero (the classic SWAR test).
+inline bool HasZeroByte(uint64_t v) {
+  return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
+}
+
 // Number of leading bytes equal to 121 in in[0, n).
 int64_t CountLeadingZeroGroups(const uint8_t* in, int64_t n) {
-  constexpr uint64_t kPattern = 0x7979797979797979ULL;  // eight 121s
   int64_t i = 0;
   while (i + 8 <= n) {
     uint64_t word;
     std::memcpy(&word, in + i, 8);
-    const uint64_t diff = word ^ kPattern;
+    const uint64_t diff = word ^ kEightZeroGroups;
     if (diff != 0) return i + __builtin_ctzll(diff) / 8;  // little-endian byte order
     i += 8;
   }
@@ -54,18 +68,59 @@ int64_t WriteRun(int64_t k, uint8_t* out) {
 }  // namespace
 
 int64_t EncodeSerial(const uint8_t* in, int64_t n, uint8_t* out) {
+  // Invariant: o plus one byte for a pending run never exceeds i, so writes at out[o]
+  // and out[o + 1] stay inside out while i <= n - 2.
   int64_t i = 0, o = 0;
-  while (i < n) {
-    const void* hit = std::memchr(in + i, kZeroGroup, n - i);
-    const int64_t literal_end = hit ? static_cast<const uint8_t*>(hit) - in : n;
-    std::memcpy(out + o, in + i, literal_end - i);
-    o += literal_end - i;
-    i = literal_end;
-    if (i == n) break;
-    const int64_t k = CountLeadingZeroGroups(in + i, n - i);
-    o += WriteRun(k, out + o);
-    i += k;
+  uint64_t run = 0;
+  while (i + 9 <= n) {
+    uint64_t word;
+    std::memcpy(&word, in + i, 8);
+    const uint64_t diff = word ^ kEightZeroGroups;
+    if (diff == 0) {  // eight 121s: extend the run
+      run += 8;
+      if (run >= kMaxRun) {
+        out[o++] = kLongestRunByte;
+        run -= kMaxRun;
+      }
+    } else if (!HasZeroByte(diff)) {  // no 121: eight literals
+      if (run > 0) {
+        out[o++] = kRunByte[run];
+        run = 0;
+      }
+      std::memcpy(out + o, in + i, 8);
+      o += 8;
+    } else {
+      // Mixed: runs are short and unpredictable, so go branch-free per byte, written as
+      // arithmetic because compilers turn conditionals back into branches here.
+      for (int k = 0; k < 8; ++k) {
+        const uint8_t b = in[i + k];
+        const uint64_t zero = b == kZeroGroup;  // 0 or 1
+        const uint64_t if_zero = 0 - zero;      // all ones when b is 121
+        // A run is written when it reaches 14 or when a literal ends it.
+        out[o] = kRunByte[run + ((kMaxRun - run) & if_zero)];  // zero ? 255 : byte of run
+        const uint64_t full = run == kMaxRun - 1, pending = run != 0;
+        o += pending ^ ((pending ^ full) & if_zero);
+        out[o] = b;
+        o += 1 - zero;
+        const uint64_t next = run + 1;
+        run = next & (0 - static_cast<uint64_t>(next != kMaxRun)) & if_zero;
+      }
+    }
+    i += 8;
   }
+  for (; i < n; ++i) {
+    if (in[i] == kZeroGroup) {
+      if (++run == kMaxRun) {
+        out[o++] = kLongestRunByte;
+        run = 0;
+      }
+      continue;
+    }
+    if (run > 0) out[o++] = kRunByte[run];
+    run = 0;
+    out[o++] = in[i];
+  }
+  if (run > 0) out[o++] = kRunByte[run];
   return o;
 }
 
@@ -94,44 +149,37 @@ int64_t DecodedSize(const uint8_t* in, int64_t n) {
 }
 
 void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
+  static constexpr uint8_t kSixteenZeroGroups[16] = {121, 121, 121, 121, 121, 121, 121, 121,
+                                                     121, 121, 121, 121, 121, 121, 121, 121};
+  auto decode_one = [&](uint8_t b, int64_t& o) {
+    // Branch-free: store a whole run of 121s, put the byte itself first if it is a
+    // literal, advance by its decoded length. Needs 16 bytes of room at o.
+    std::memcpy(out + o, kSixteenZeroGroups, 16);
+    out[o] = b <= kMaxLiteral ? b : kZeroGroup;
+    o += kDecodedLength.of[b];
+  };
   int64_t i = 0, o = 0;
 #if defined(__SSE2__)
   const __m128i largest_literal = _mm_set1_epi8(static_cast<char>(kMaxLiteral));
-  const __m128i zero_groups = _mm_set1_epi8(static_cast<char>(kZeroGroup));
-  while (i + 16 <= n) {
+  constexpr int64_t kWorstChunk = 16 * kMaxRun + 16;  // sixteen runs of 14, plus a store
+  for (; i + 16 <= n && o + kWorstChunk <= out_size; i += 16) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
     const __m128i is_literal = _mm_cmpeq_epi8(_mm_max_epu8(v, largest_literal), largest_literal);
-    if (_mm_movemask_epi8(is_literal) == 0xFFFF && o + 16 <= out_size) {
+    if (_mm_movemask_epi8(is_literal) == 0xFFFF) {  // sixteen literals
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + o), v);
-      i += 16;
       o += 16;
-      continue;
-    }
-    for (const int64_t stop = i + 16; i < stop; ++i) {
-      const uint8_t b = in[i];
-      if (b <= kMaxLiteral) {
-        out[o++] = b;
-      } else if (o + 16 <= out_size) {
-        // A run is at most 14 bytes: one unaligned 16-byte store, the excess is overwritten.
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + o), zero_groups);
-        o += b - (kFirstRunByte - 2);
-      } else {
-        const int64_t k = b - (kFirstRunByte - 2);
-        std::memset(out + o, kZeroGroup, k);
-        o += k;
-      }
+    } else {
+      for (int k = 0; k < 16; ++k) decode_one(in[i + k], o);
     }
   }
 #endif
+  for (; i < n && o + 16 <= out_size; ++i) decode_one(in[i], o);
   for (; i < n; ++i) {
     const uint8_t b = in[i];
-    if (b <= kMaxLiteral) {
-      out[o++] = b;
-    } else {
-      const int64_t k = b - (kFirstRunByte - 2);
-      std::memset(out + o, kZeroGroup, k);
-      o += k;
-    }
+    const int64_t length = kDecodedLength.of[b];
+    std::memset(out + o, kZeroGroup, length);
+    out[o] = b <= kMaxLiteral ? b : kZeroGroup;
+    o += length;
   }
 }
 
