@@ -57,6 +57,21 @@ class Codec(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+class ReconstructingCodec(Codec):
+    """A codec whose encoder computes the receiver's decoding as a by-product.
+
+    Subclasses implement `encode_and_reconstruct` and `decode`; `encode` drops the
+    reconstruction.
+    """
+
+    def encode(self, x):
+        return self.encode_and_reconstruct(x)[0]
+
+    @abc.abstractmethod
+    def encode_and_reconstruct(self, x):
+        """Returns (payload, decode(payload))."""
+
+
 def payload_nbytes(payload):
     """Bytes a payload puts on the wire, as an int64 scalar tensor."""
     total = tf.constant(0, tf.int64)
@@ -116,7 +131,7 @@ def round_to(value, dtype):
     return tf.cast(tf.cast(value, dtype), tf.float32)
 
 
-class StochasticCodec(tf.Module, Codec):
+class StochasticCodec(tf.Module, ReconstructingCodec):
     """A codec that draws random numbers from its own checkpointable generator.
 
     Args:

@@ -4,7 +4,7 @@ import tensorflow as tf
 from tfgc.codecs import base, bitpack, quantize
 
 
-class LogQuant(base.Codec):
+class LogQuant(base.ReconstructingCodec):
     """Each value becomes sign(x) * 2^e, e = round(log2|x|), in a window below max|x|.
 
     With K bits per value, one bit is the sign and K-1 bits a level m: m = 0 is zero and
@@ -25,9 +25,6 @@ class LogQuant(base.Codec):
 
     def get_config(self):
         return {"bits": self.bits}
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)

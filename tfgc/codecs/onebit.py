@@ -4,7 +4,7 @@ import tensorflow as tf
 from tfgc.codecs import base, bitpack
 
 
-class OneBit(base.Codec):
+class OneBit(base.ReconstructingCodec):
     """One bit per value: x >= 0 or not, each side dequantized to its mean.
 
     The two means minimize the squared error of a sign quantizer (3LC's "MQE 1-bit").
@@ -12,9 +12,6 @@ class OneBit(base.Codec):
 
     Payload: {"data": sign bits, "positive", "negative" (means in x's dtype), "shape"}.
     """
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)

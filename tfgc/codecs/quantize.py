@@ -6,7 +6,7 @@ from tfgc.codecs import base, bitpack
 MIN_BITS, MAX_BITS = 2, 8
 
 
-class Quantize(tf.Module, base.Codec):
+class Quantize(tf.Module, base.ReconstructingCodec):
     """Uniform K-bit quantization over the tensor's [min, max] range, bit-packed.
 
     x -> q = round((x - min) / step), step = (max - min) / (2^K - 1); K bits per value on
@@ -31,9 +31,6 @@ class Quantize(tf.Module, base.Codec):
 
     def get_config(self):
         return {"bits": int(self.bits.numpy())}
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
@@ -86,14 +83,11 @@ def check_bits(bits):
         raise ValueError(f"bits must be in [{MIN_BITS}, {MAX_BITS}], got {bits}")
 
 
-class Int8(base.Codec):
+class Int8(base.ReconstructingCodec):
     """8-bit integers in [-127, 127] scaled by max|x| / 127 (3LC's "8-bit int").
 
     Payload: {"data": int8, "scale", "shape"}.
     """
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)

@@ -11,7 +11,7 @@ from tfgc.codecs import base, bitpack
 SAMPLE_SIZE = 4096
 
 
-class Sparsify(base.Codec):
+class Sparsify(base.ReconstructingCodec):
     """Sends the largest `fraction` of values by magnitude, located by a bitmap.
 
     The threshold is the magnitude of rank ceil(fraction * m) in a strided sample of
@@ -29,9 +29,6 @@ class Sparsify(base.Codec):
 
     def get_config(self):
         return {"fraction": self.fraction}
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
@@ -63,7 +60,7 @@ class Sparsify(base.Codec):
         return tf.reshape(dense, base.static_shape(shape))
 
 
-class TopK(base.Codec):
+class TopK(base.ReconstructingCodec):
     """Sends the k = ceil(ratio * n) largest-magnitude values and their int32 indices.
 
     Payload: {"indices": int32 (ascending), "values" in x's dtype, "shape"}.
@@ -77,9 +74,6 @@ class TopK(base.Codec):
 
     def get_config(self):
         return {"ratio": self.ratio}
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)

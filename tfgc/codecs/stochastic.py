@@ -19,9 +19,6 @@ class StochasticTernary(base.StochasticCodec):
     def get_config(self):
         return {"seed": self.seed}
 
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
-
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
@@ -74,9 +71,6 @@ class QSGD(base.StochasticCodec):
 
     def get_config(self):
         return {"bits": self.bits, "bucket_size": self.bucket_size, "seed": self.seed}
-
-    def encode(self, x):
-        return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
