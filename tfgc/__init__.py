@@ -6,6 +6,7 @@ parameter server included, can run the decode ops.
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
 from tfgc.memory import ErrorFeedback
+from tfgc.optimizer import DistributedOptimizer
 
 __version__ = "0.1.0"
-__all__ = ["codecs", "ErrorFeedback"]
+__all__ = ["codecs", "ErrorFeedback", "DistributedOptimizer"]

@@ -63,15 +63,18 @@ class ErrorFeedback(tf.Module, base.Codec):
     def encode_and_reconstruct(self, x, key="default"):
         """Steps 1, 2, a, b for stream `key`; returns (payload, what the receiver decodes)."""
         x = tf.convert_to_tensor(x)
-        residual = self.residual(key, x.shape, x.dtype)
-        total = x + residual
-        payload, sent = self.codec.encode_and_reconstruct(total)
-        keep = base.all_finite(total)
-        residual.assign(tf.where(keep, total - sent, residual))
-        return payload, sent
+        return feedback_step(self.codec, x, self.residual(key, x.shape, x.dtype))
 
     def decode(self, payload):
         return self.codec.decode(payload)
 
     def __repr__(self):
         return f"ErrorFeedback({self.codec!r})"
+
+
+def feedback_step(codec, x, residual):
+    """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent)."""
+    total = x + residual
+    payload, sent = codec.encode_and_reconstruct(total)
+    residual.assign(tf.where(base.all_finite(total), total - sent, residual))
+    return payload, sent

@@ -25,8 +25,29 @@ from tfgc.codecs.sparsify import Sparsify, TopK
 from tfgc.codecs.stochastic import QSGD, StochasticTernary
 from tfgc.codecs.threelc import ThreeLC
 
+_CODECS = {
+    cls.__name__: cls
+    for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
+                LogQuant, FastSGD, Quantize, QSGD)
+}
+
+
+def serialize(codec):
+    """{"class_name", "config"} of a codec, for optimizer configs."""
+    return {"class_name": type(codec).__name__, "config": codec.get_config()}
+
+
+def deserialize(spec):
+    """Inverse of `serialize`."""
+    try:
+        cls = _CODECS[spec["class_name"]]
+    except KeyError:
+        raise ValueError(f"unknown codec {spec.get('class_name')!r}; known: {sorted(_CODECS)}") from None
+    return cls.from_config(spec["config"])
+
+
 __all__ = [
-    "Codec", "StochasticCodec", "payload_nbytes",
+    "Codec", "StochasticCodec", "payload_nbytes", "serialize", "deserialize",
     "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary", "OneBit",
     "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "QSGD",
 ]

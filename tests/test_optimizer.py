@@ -1,0 +1,144 @@
+"""DistributedOptimizer: wrapping, the single-process and all-reduce wires, state."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tfgc
+
+C = tfgc.codecs
+
+
+def digits():
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    return (data.images / 16.0).reshape(-1, 64).astype(np.float32), data.target
+
+
+def small_model():
+    tf_keras.utils.set_random_seed(0)
+    return tf_keras.Sequential(
+        [tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)), tf_keras.layers.Dense(10)]
+    )
+
+
+def test_wrapped_optimizer_keeps_class_and_hyperparameters():
+    inner = tf_keras.optimizers.SGD(0.05, momentum=0.9)
+    opt = tfgc.DistributedOptimizer(inner, compression=C.ThreeLC(1.5), min_elements=10)
+    assert isinstance(opt, tf_keras.optimizers.SGD)
+    assert type(opt).__name__ == "DistributedSGD"
+    assert float(opt.learning_rate) == pytest.approx(0.05) and opt.momentum == 0.9
+    assert int(opt.iterations) == 0
+    again = type(opt).from_config(opt.get_config())
+    assert repr(again.compression) == "ThreeLC(sparsity=1.5)" and again.min_elements == 10
+    assert again.get_config() == opt.get_config()
+
+
+def test_rejects_what_it_cannot_do():
+    import keras
+
+    with pytest.raises(NotImplementedError, match="tf_keras"):
+        tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=C.ThreeLC())
+    with pytest.raises(NotImplementedError, match="pull_compression"):
+        tfgc.DistributedOptimizer(
+            tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(), pull_compression=C.ThreeLC()
+        )
+    with pytest.raises(TypeError, match="codec"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression="3lc")
+
+
+def test_single_process_applies_the_decoded_gradient(rng):
+    big = tf.Variable(rng.normal(size=[40, 50]).astype(np.float32))
+    small = tf.Variable(np.ones(10, np.float32))
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=C.ThreeLC(1.0))
+    g_big = rng.normal(size=[40, 50]).astype(np.float32)
+    g_small = rng.normal(size=[10]).astype(np.float32)
+    before = big.numpy().copy()
+    opt.apply_gradients([(tf.constant(g_big), big), (tf.constant(g_small), small)])
+    codec = C.ThreeLC(1.0)
+    sent = codec.decode(codec.encode(g_big)).numpy()
+    np.testing.assert_allclose(big.numpy(), before - sent, atol=1e-6)
+    np.testing.assert_allclose(small.numpy(), 1 - g_small, atol=1e-6)  # below min_elements
+    residuals = list(opt._residuals.values())
+    assert len(residuals) == 1
+    np.testing.assert_allclose(residuals[0].numpy(), g_big - sent, atol=1e-6)
+    assert int(opt.iterations) == 1
+
+
+def test_fit_with_threelc_learns_like_uncompressed():
+    x, y = digits()
+    accuracy = {}
+    for name, codec in (("none", None), ("3lc", C.ThreeLC(1.0))):
+        model = small_model()
+        opt = tf_keras.optimizers.SGD(0.1)
+        if codec is not None:
+            opt = tfgc.DistributedOptimizer(opt, compression=codec)
+        model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        accuracy[name] = model.fit(x, y, epochs=3, batch_size=64, verbose=0).history["accuracy"][-1]
+    assert accuracy["none"] > 0.8
+    assert accuracy["3lc"] > accuracy["none"] - 0.05
+
+
+def test_residuals_checkpoint_by_position(tmp_path, rng):
+    def build():
+        var = tf.Variable(np.zeros([60, 30], np.float32))
+        opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=C.ThreeLC())
+        return var, opt
+
+    var, opt = build()
+    opt.apply_gradients([(tf.constant(rng.normal(size=[60, 30]).astype(np.float32)), var)])
+    saved = list(opt._residuals.values())[0].numpy().copy()
+    path = tf.train.Checkpoint(optimizer=opt, var=var).save(str(tmp_path / "ckpt"))
+    var2, opt2 = build()
+    opt2.build([var2])
+    tf.train.Checkpoint(optimizer=opt2, var=var2).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(list(opt2._residuals.values())[0].numpy(), saved)
+
+
+MIRRORED_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tf_keras, tfgc
+    C = tfgc.codecs
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=[50, 40]).astype(np.float32) for _ in range(2)]
+    for codec in (C.NoCompression(), C.ThreeLC(1.0), C.Quantize(4)):
+        with strategy.scope():
+            var = tf.Variable(np.zeros([50, 40], np.float32))
+            opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=codec)
+
+        @tf.function
+        def step():
+            def replica_fn():
+                r = tf.distribute.get_replica_context().replica_id_in_sync_group
+                g = tf.gather(tf.constant(np.stack(grads)), r)
+                opt.apply_gradients([(g, var)])
+            strategy.run(replica_fn)
+
+        step()
+        expected = -sum(codec.decode(codec.encode(g)).numpy() for g in grads)
+        np.testing.assert_allclose(var.numpy(), expected, atol=1e-5)
+        print("ok", codec)
+    """
+)
+
+
+@pytest.mark.slow
+def test_mirrored_sums_every_replicas_decoded_gradient(tmp_path):
+    script = tmp_path / "mirrored.py"
+    script.write_text(MIRRORED_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("ok") == 3

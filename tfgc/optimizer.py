@@ -1,0 +1,255 @@
+"""DistributedOptimizer: compress gradients where they cross the wire (tf_keras optimizers).
+
+Where the wire is depends on the strategy in scope when gradients are applied:
+
+* ParameterServerStrategy: each worker encodes its gradients (with error feedback kept
+  on the worker) and the decode runs under `tf.device(var.device)`, so the parameter
+  server's graph partition receives only the payload and decodes it locally.
+* Mirrored / MultiWorkerMirroredStrategy (more than one replica): a `summable` codec's
+  floating payload tensors are all-reduced in the compressed domain and decoded once;
+  any other codec's payloads are all-gathered (padded to the longest) and every
+  replica decodes and sums all of them.
+* No strategy (one replica): gradients are encoded and decoded locally, so the effect of
+  compression on accuracy can be studied on one machine.
+
+Variables with fewer than `min_elements` elements (biases, batch norm) are sent as
+they are, as 3LC does.
+"""
+import tensorflow as tf
+
+from tfgc import codecs
+from tfgc.codecs import base
+from tfgc.memory import feedback_step
+
+DEFAULT_MIN_ELEMENTS = 1024
+
+
+def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Horovod's)
+    optimizer,
+    compression,
+    pull_compression=None,
+    min_elements=DEFAULT_MIN_ELEMENTS,
+    error_feedback=True,
+):
+    """Returns a copy of `optimizer` that compresses the gradients it applies.
+
+    The result is an instance of a subclass of `optimizer`'s class, built from its
+    config, so hyperparameters, `iterations` and `learning_rate` behave as the inner
+    optimizer's. Wrap an optimizer before training: its slots are not copied.
+
+    Args:
+      optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`).
+      compression: a `tfgc.codecs.Codec` for gradients.
+      pull_compression: a codec for model pulls from parameter servers (not supported
+        yet: raises NotImplementedError when set).
+      min_elements: variables with fewer elements are sent uncompressed.
+      error_feedback: keep each compressed variable's residual (3LC's error
+        accumulation) on the worker that produced it.
+
+    Raises:
+      TypeError: `optimizer` is not a tf_keras optimizer or `compression` not a codec.
+      NotImplementedError: Keras 3 optimizers, or `pull_compression` set.
+    """
+    import tf_keras
+
+    if pull_compression is not None:
+        raise NotImplementedError(
+            "pull_compression (3LC's compressed model pulls) is not implemented yet; "
+            "only gradient pushes are compressed"
+        )
+    if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+        if type(optimizer).__module__.startswith("keras"):
+            raise NotImplementedError(
+                "Keras 3 optimizers are not supported yet; use tf_keras (import tf_keras, "
+                "or TF_USE_LEGACY_KERAS=1), whose model.fit also runs under "
+                "ParameterServerStrategy"
+            )
+        raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
+    if not isinstance(compression, base.Codec):
+        raise TypeError(f"compression must be a tfgc codec, got {type(compression).__name__}")
+    config = optimizer.get_config()
+    config.update(
+        compression=compression, min_elements=min_elements, error_feedback=error_feedback
+    )
+    return distributed_class(type(optimizer)).from_config(config)
+
+
+_DISTRIBUTED_CLASSES = {}
+
+
+def distributed_class(optimizer_class):
+    """The compressing subclass of a tf_keras optimizer class (made once per class)."""
+    if optimizer_class not in _DISTRIBUTED_CLASSES:
+        _DISTRIBUTED_CLASSES[optimizer_class] = type(
+            f"Distributed{optimizer_class.__name__}", (_CompressingMixin, optimizer_class), {}
+        )
+    return _DISTRIBUTED_CLASSES[optimizer_class]
+
+
+class _CompressingMixin:
+    """Overrides `build` (residual buffers) and `apply_gradients` (the wire)."""
+
+    def __init__(self, *args, compression, min_elements=DEFAULT_MIN_ELEMENTS,
+                 error_feedback=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(compression, dict):
+            compression = codecs.deserialize(compression)
+        self.compression = compression
+        self.min_elements = int(min_elements)
+        self.error_feedback = bool(error_feedback)
+        self._residuals = {}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            compression=codecs.serialize(self.compression),
+            min_elements=self.min_elements,
+            error_feedback=self.error_feedback,
+        )
+        return config
+
+    def compresses(self, variable):
+        """True when `variable`'s gradients are compressed."""
+        return (
+            variable.dtype.is_floating
+            and variable.shape.num_elements() is not None
+            and variable.shape.num_elements() >= self.min_elements
+        )
+
+    def build(self, var_list):
+        super().build(var_list)
+        if not self.error_feedback:
+            return
+        for variable in var_list:
+            key = self._residual_key(variable)
+            if self.compresses(variable) and key not in self._residuals:
+                self._residuals[key] = _residual_variable(variable)
+
+    def _residual_key(self, variable):
+        # The variable's position in the optimizer (as for its slots): stable across
+        # processes, so checkpoints restore residuals to the right variables.
+        return f"residual_{self._index_dict[self._var_key(variable)]}"
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
+                        **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        if not grads_and_vars:
+            return super().apply_gradients(grads_and_vars, name=name)
+        with tf.init_scope():
+            self.build([v for _, v in grads_and_vars])
+        strategy = tf.distribute.get_strategy()
+        aggregate = not skip_gradients_aggregation and kwargs.pop(
+            "experimental_aggregate_gradients", True
+        )
+        if _is_parameter_server(strategy):
+            send, aggregate = self._push_to_variable_device, False
+        elif strategy.num_replicas_in_sync > 1 and aggregate:
+            send, aggregate = self._all_reduce, False
+        else:
+            send = self._round_trip
+        pairs = [(send(g, v) if self._sends(g, v) else g, v) for g, v in grads_and_vars]
+        return super().apply_gradients(
+            pairs, name=name, skip_gradients_aggregation=not aggregate, **kwargs
+        )
+
+    # --- the three wires ---------------------------------------------------------------
+
+    def _encode(self, gradient, variable):
+        if isinstance(gradient, tf.IndexedSlices) and not isinstance(
+            self.compression, codecs.FastSGD
+        ):
+            gradient = tf.convert_to_tensor(gradient)  # only FastSGD takes slices as they are
+        residual = self._residuals.get(self._residual_key(variable))
+        if residual is None:
+            return self.compression.encode(gradient)
+        return feedback_step(self.compression, tf.convert_to_tensor(gradient), residual)[0]
+
+    def _push_to_variable_device(self, gradient, variable):
+        payload = self._encode(gradient, variable)
+        with tf.device(variable.device):
+            return self.compression.decode(payload)
+
+    def _round_trip(self, gradient, variable):
+        return self.compression.decode(self._encode(gradient, variable))
+
+    def _all_reduce(self, gradient, variable):
+        context = tf.distribute.get_replica_context()
+        payload = self._encode(gradient, variable)
+        if self.compression.summable:
+            summed = {
+                k: context.all_reduce(tf.distribute.ReduceOp.SUM, t) if t.dtype.is_floating else t
+                for k, t in payload.items()
+            }
+            return self.compression.decode(summed)
+        gathered = [_all_gather_padded(context, t) for t in payload.values()]
+        total = None
+        for replica in range(context.num_replicas_in_sync):
+            decoded = self.compression.decode(
+                {k: pieces[replica] for k, pieces in zip(payload, gathered)}
+            )
+            total = decoded if total is None else total + decoded
+        return total
+
+    def _sends(self, gradient, variable):
+        return gradient is not None and self.compresses(variable)
+
+
+def _is_parameter_server(strategy):
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def _residual_variable(variable):
+    """A zero residual of `variable`'s shape kept where its gradients are produced."""
+    strategy = tf.distribute.get_strategy()
+    name = f"residual/{variable.name.split(':')[0]}"
+    zeros = tf.zeros(variable.shape, variable.dtype)
+    if _is_parameter_server(strategy):
+        # One copy per worker: a residual on the parameter server would be pulled in fp32.
+        with strategy.scope():
+            return tf.Variable(zeros, trainable=False, name=name, per_worker_variable=True)
+    if strategy.num_replicas_in_sync > 1:
+        # One copy per replica; a checkpoint keeps their sum, the total unsent error.
+        return tf.Variable(
+            zeros, trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+    return tf.Variable(zeros, trainable=False, name=name)
+
+
+# dtypes TensorFlow's all-gather takes; others travel as their bytes packed in int32.
+_GATHERABLE = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _all_gather_padded(context, tensor):
+    """Every replica's `tensor`, whose length may differ by replica, as a list."""
+    words = _to_words(tensor)
+    size = tf.size(words)
+    sizes = context.all_gather(tf.reshape(size, [1]), axis=0)
+    longest = tf.reduce_max(sizes)
+    padded = tf.pad(words, [[0, longest - size]])
+    shapes = context.all_gather(tf.shape(tensor)[None], axis=0)
+    rows = tf.reshape(context.all_gather(padded, axis=0), [-1, longest])
+    return [
+        _from_words(rows[r, : sizes[r]], tensor.dtype, shapes[r])
+        for r in range(context.num_replicas_in_sync)
+    ]
+
+
+def _to_words(tensor):
+    flat = tf.reshape(tensor, [-1])
+    if tensor.dtype in _GATHERABLE:
+        return flat
+    data = tf.reshape(tf.bitcast(flat, tf.uint8), [-1]) if tensor.dtype.size > 1 else flat
+    data = tf.bitcast(data, tf.uint8) if data.dtype != tf.uint8 else data
+    data = tf.pad(data, [[0, -tf.size(data) % 4]])
+    return tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
+
+
+def _from_words(words, dtype, shape):
+    if dtype in _GATHERABLE:
+        return tf.reshape(words, shape)
+    data = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[: tf.reduce_prod(shape) * dtype.size]
+    if dtype.size > 1:
+        data = tf.reshape(data, [-1, dtype.size])
+    return tf.reshape(tf.bitcast(data, dtype) if dtype != tf.uint8 else data, shape)
