@@ -142,3 +142,21 @@ def test_mirrored_sums_every_replicas_decoded_gradient(tmp_path):
                             timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("ok") == 3
+
+
+def test_traffic_logger_reports_each_step(tmp_path):
+    x, y = digits()
+    model = small_model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0))
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    csv_path = tmp_path / "traffic.csv"
+    history = model.fit(x[:640], y[:640], epochs=1, batch_size=64, verbose=0,
+                        callbacks=[tfgc.callbacks.TrafficLogger(csv_path=str(csv_path))])
+    dense = (64 * 128 + 128 + 128 * 10 + 10) * 4  # every gradient of one step in fp32
+    assert history.history["push_dense_bytes"][-1] == dense
+    # The two kernels go compressed, the biases (< min_elements) as they are.
+    assert (128 + 10) * 4 < history.history["push_bytes"][-1] < dense / 10
+    assert history.history["compression_ratio"][-1] > 10
+    rows = csv_path.read_text().splitlines()
+    assert len(rows) == 1 + 10 and rows[0].startswith("step,push_bytes")
+    assert int(opt.traffic["push_dense_bytes"].numpy()) == 10 * dense

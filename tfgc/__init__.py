@@ -4,9 +4,9 @@ Importing tfgc loads its op library (tfgc_ops), so any process that imports it, 
 parameter server included, can run the decode ops.
 """
 import tfgc_ops  # noqa: F401  (loads the op library)
-from tfgc import codecs
+from tfgc import callbacks, codecs
 from tfgc.memory import ErrorFeedback
 from tfgc.optimizer import DistributedOptimizer
 
 __version__ = "0.1.0"
-__all__ = ["codecs", "ErrorFeedback", "DistributedOptimizer"]
+__all__ = ["callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer"]

@@ -22,6 +22,8 @@ from tfgc.codecs import base
 from tfgc.memory import feedback_step
 
 DEFAULT_MIN_ELEMENTS = 1024
+# Cumulative bytes of gradient pushes: on the wire, and as the dense tensors they replace.
+TRAFFIC_COUNTERS = ("push_bytes", "push_dense_bytes")
 
 
 def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Horovod's)
@@ -98,6 +100,7 @@ class _CompressingMixin:
         self.min_elements = int(min_elements)
         self.error_feedback = bool(error_feedback)
         self._residuals = {}
+        self.traffic = None  # {"push_bytes", "push_dense_bytes"}: cumulative counters
 
     def get_config(self):
         config = super().get_config()
@@ -118,6 +121,8 @@ class _CompressingMixin:
 
     def build(self, var_list):
         super().build(var_list)
+        if self.traffic is None:
+            self.traffic = {name: _counter_variable(name) for name in TRAFFIC_COUNTERS}
         if not self.error_feedback:
             return
         for variable in var_list:
@@ -147,10 +152,24 @@ class _CompressingMixin:
             send, aggregate = self._all_reduce, False
         else:
             send = self._round_trip
-        pairs = [(send(g, v) if self._sends(g, v) else g, v) for g, v in grads_and_vars]
+        pairs = [(self._send(send, g, v), v) for g, v in grads_and_vars]
         return super().apply_gradients(
             pairs, name=name, skip_gradients_aggregation=not aggregate, **kwargs
         )
+
+    def _send(self, wire, gradient, variable):
+        """Sends one gradient over `wire` if it is compressed, and counts its bytes."""
+        if gradient is None:
+            return None
+        dense_bytes = variable.shape.num_elements() * variable.dtype.size
+        if not self.compresses(variable):
+            self._count(dense_bytes, dense_bytes)
+            return gradient
+        return wire(gradient, variable)
+
+    def _count(self, payload_bytes, dense_bytes):
+        self.traffic["push_bytes"].assign_add(tf.cast(payload_bytes, tf.int64))
+        self.traffic["push_dense_bytes"].assign_add(tf.cast(dense_bytes, tf.int64))
 
     # --- the three wires ---------------------------------------------------------------
 
@@ -161,8 +180,12 @@ class _CompressingMixin:
             gradient = tf.convert_to_tensor(gradient)  # only FastSGD takes slices as they are
         residual = self._residuals.get(self._residual_key(variable))
         if residual is None:
-            return self.compression.encode(gradient)
-        return feedback_step(self.compression, tf.convert_to_tensor(gradient), residual)[0]
+            payload = self.compression.encode(gradient)
+        else:
+            payload = feedback_step(self.compression, tf.convert_to_tensor(gradient), residual)[0]
+        self._count(codecs.payload_nbytes(payload),
+                    variable.shape.num_elements() * variable.dtype.size)
+        return payload
 
     def _push_to_variable_device(self, gradient, variable):
         payload = self._encode(gradient, variable)
@@ -190,9 +213,6 @@ class _CompressingMixin:
             total = decoded if total is None else total + decoded
         return total
 
-    def _sends(self, gradient, variable):
-        return gradient is not None and self.compresses(variable)
-
 
 def _is_parameter_server(strategy):
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
@@ -215,6 +235,18 @@ def _residual_variable(variable):
             aggregation=tf.VariableAggregation.SUM,
         )
     return tf.Variable(zeros, trainable=False, name=name)
+
+
+def _counter_variable(name):
+    """A cumulative int64 byte counter that every replica or worker adds to."""
+    strategy = tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync > 1 and not _is_parameter_server(strategy):
+        return tf.Variable(
+            tf.constant(0, tf.int64), trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+    return tf.Variable(tf.constant(0, tf.int64), trainable=False, name=name)
 
 
 # dtypes TensorFlow's all-gather takes; others travel as their bytes packed in int32.

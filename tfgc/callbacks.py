@@ -1,0 +1,4 @@
+"""Keras callbacks of tfgc."""
+from tfgc.telemetry import TrafficLogger
+
+__all__ = ["TrafficLogger"]
