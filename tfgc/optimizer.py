@@ -125,10 +125,20 @@ class _CompressingMixin:
             self.traffic = {name: _counter_variable(name) for name in TRAFFIC_COUNTERS}
         if not self.error_feedback:
             return
-        for variable in var_list:
-            key = self._residual_key(variable)
-            if self.compresses(variable) and key not in self._residuals:
-                self._residuals[key] = _residual_variable(variable)
+        missing = [
+            v for v in var_list
+            if self.compresses(v) and self._residual_key(v) not in self._residuals
+        ]
+        strategy = tf.distribute.get_strategy()
+        if missing and _is_parameter_server(strategy) and not tf.distribute.in_cross_replica_context():
+            # Per-worker variables cannot be created while a worker function is traced.
+            raise RuntimeError(
+                "Under ParameterServerStrategy, build the DistributedOptimizer before "
+                "training so that its per-worker error-feedback buffers exist: "
+                "`with strategy.scope(): optimizer.build(model.trainable_variables)`"
+            )
+        for variable in missing:
+            self._residuals[self._residual_key(variable)] = _residual_variable(variable)
 
     def _residual_key(self, variable):
         # The variable's position in the optimizer (as for its slots): stable across
@@ -225,8 +235,8 @@ def _residual_variable(variable):
     zeros = tf.zeros(variable.shape, variable.dtype)
     if _is_parameter_server(strategy):
         # One copy per worker: a residual on the parameter server would be pulled in fp32.
-        with strategy.scope():
-            return tf.Variable(zeros, trainable=False, name=name, per_worker_variable=True)
+        # The strategy's variable creator is active here (as for the optimizer's slots).
+        return tf.Variable(zeros, trainable=False, name=name, per_worker_variable=True)
     if strategy.num_replicas_in_sync > 1:
         # One copy per replica; a checkpoint keeps their sum, the total unsent error.
         return tf.Variable(
