@@ -1,0 +1,334 @@
+"""tfgc.cluster: real ps/worker server processes on 127.0.0.1, exact socket bytes, cleanup.
+
+Each test starts real `tf.distribute.Server` processes, so they are marked `cluster`.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tfgc import cluster
+
+pytestmark = pytest.mark.cluster
+
+N = 1 << 20  # floats in the test variable: 4 MiB per fp32 push
+STEPS = 3
+
+
+def gone(pid):
+    """True once `pid` no longer runs (a zombie that nobody reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def wait_gone(pids, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if not gone(pid)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+# The coordinator runs in a process of its own: ParameterServerStrategy turns the
+# eager context of the process that creates it into /job:chief for good, so in the
+# pytest process later tests would fail ("Client for target /job:localhost/replica:0/
+# task:0 not found") on resources created before it. This script is that process:
+# it starts the cluster, trains through PSS, and reports what it saw as JSON.
+COORDINATOR = """
+import json, os, sys, time
+import numpy as np
+import tensorflow as tf
+import tfgc_ops
+from tfgc import cluster
+
+N, STEPS = int(sys.argv[1]), int(sys.argv[2])
+report = {"chief_pid": os.getpid()}
+with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=300) as c:
+    report.update(pids=c.pids, addresses=c.addresses, spec=c.cluster_spec.as_dict(),
+                  tf_config=c.tf_config("worker", 1))
+    strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        var = tf.Variable(tf.zeros([N]), name="pushed")
+    report["var_device"] = var.device
+
+    @tf.function
+    def push():
+        var.assign_add(tf.ones([N]))  # scheduled on a worker; the add runs on the PS
+        return tf.constant(0)
+
+    report["before"] = c.socket_bytes()
+    for _ in range(STEPS):
+        coordinator.schedule(push)
+    coordinator.join()
+    report["after"] = c.socket_bytes()
+    report["value_ok"] = bool(np.all(var.numpy() == STEPS))
+    report["worker_to_ps"] = c.traffic_between("worker", "ps")
+
+    # The PS process loaded tfgc's op library: run a decode op there.
+    @tf.function
+    def decode_on_ps():
+        encoded = tf.constant([7, 243, 121, 255, 0], tf.uint8)
+        with tf.device("/job:ps/task:0"):
+            return tfgc_ops.zero_run_decode(encoded)
+
+    report["decoded"] = coordinator.schedule(decode_on_ps).fetch().tolist()
+    c.check_alive()
+
+# Right after the `with` block every server is gone (checked here, before this
+# process exits, so the servers' own parent watchdog cannot be what ended them).
+servers = report["pids"]["ps"] + report["pids"]["worker"]
+start = time.monotonic()
+while time.monotonic() - start < 5 and any(os.path.exists(f"/proc/{p}") for p in servers):
+    time.sleep(0.05)
+report["alive_after_exit"] = [p for p in servers if os.path.exists(f"/proc/{p}")]
+print("REPORT " + json.dumps(report), flush=True)
+"""
+
+
+def sent(rows, src, dst):
+    return sum(r["bytes_acked"] for r in rows if (r["local_job"], r["peer_job"]) == (src, dst))
+
+
+def received(rows, at, src):
+    return sum(r["bytes_received"] for r in rows if (r["local_job"], r["peer_job"]) == (at, src))
+
+
+def test_parameter_server_training_and_socket_bytes(tmp_path):
+    script = tmp_path / "coordinator.py"
+    script.write_text(COORDINATOR)
+    done = subprocess.run([sys.executable, str(script), str(N), str(STEPS)],
+                          capture_output=True, text=True, timeout=240)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads(lines[-1][len("REPORT "):])
+
+    pids, addresses = report["pids"], report["addresses"]
+    assert len(pids["ps"]) == 1 and len(pids["worker"]) == 2
+    assert set(addresses) == {"chief", "ps", "worker"} and len(addresses["chief"]) == 1
+    assert all(a.startswith("127.0.0.1:") for addrs in addresses.values() for a in addrs)
+    assert report["spec"] == addresses
+    assert report["tf_config"] == {"cluster": addresses, "task": {"type": "worker", "index": 1}}
+    assert "/job:ps/" in report["var_device"]
+    assert report["value_ok"]
+
+    before, after = report["before"], report["after"]
+    # Every counted socket joins two of our processes, and each end names its job.
+    ours = {report["chief_pid"], *pids["ps"], *pids["worker"]}
+    assert after and all(r["local_pid"] in ours for r in after)
+    job_of = {pid: job for job in ("ps", "worker") for pid in pids[job]}
+    job_of[report["chief_pid"]] = "chief"
+    assert all(job_of[r["local_pid"]] == r["local_job"] for r in after)
+    assert {(r["local_job"], r["peer_job"]) for r in after} >= {("worker", "ps"), ("ps", "worker")}
+
+    # The workers pushed STEPS fp32 copies of the variable to the PS, a little more.
+    fp32 = STEPS * N * 4
+    pushed = sent(after, "worker", "ps") - sent(before, "worker", "ps")
+    assert fp32 <= pushed < 1.05 * fp32, (pushed, fp32)
+    # traffic_between sums the same counters (read again a moment later).
+    assert 0 <= report["worker_to_ps"] - sent(after, "worker", "ps") <= 4096
+    # The same bytes seen from the PS end of the sockets (up to a few in flight).
+    at_ps = received(after, "ps", "worker") - received(before, "ps", "worker")
+    assert abs(at_ps - pushed) <= 4096, (at_ps, pushed)
+    # The pushes did not go through the chief.
+    assert sent(after, "chief", "ps") - sent(before, "chief", "ps") < 0.1 * fp32
+
+    assert report["decoded"] == [7, 121, 121, 121] + [121] * 14 + [0]
+    assert report["alive_after_exit"] == []
+    assert wait_gone(pids["ps"] + pids["worker"], timeout_s=5) == []
+
+
+def test_failing_task_raises_with_log_tail_and_leaves_nothing(tmp_path):
+    spawned = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        if "tfgc._server" in args[0]:
+            spawned.append(proc.pid)
+        return proc
+
+    # A PYTHONHOME without a standard library makes the interpreter die at startup
+    # with a "Fatal Python error" on stderr: a real crash, written to the task's log.
+    env = {"PYTHONHOME": str(tmp_path / "no-python-here")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster.subprocess, "Popen", recording_popen)
+        with pytest.raises(cluster.ClusterError) as info:
+            with cluster.LocalCluster(num_ps=1, num_workers=1, env=env, log_dir=tmp_path):
+                pytest.fail("the cluster should not have started")
+    message = str(info.value)
+    assert "/job:" in message and "exited with code" in message
+    assert "Fatal Python error" in message or "encodings" in message, message
+    assert str(tmp_path) in message  # says where the full log is
+    assert len(spawned) == 2
+    assert wait_gone(spawned, timeout_s=5) == []
+
+
+def test_server_watchdog_exits_when_parent_is_wrong_or_time_is_up():
+    def server(port, parent_pid, timeout):
+        spec = json.dumps({"ps": [f"127.0.0.1:{port}"]})
+        return subprocess.Popen(
+            [sys.executable, "-m", "tfgc._server", "--cluster-spec", spec, "--job", "ps",
+             "--index", "0", "--parent-pid", str(parent_pid), "--timeout", str(timeout)],
+            stderr=subprocess.PIPE, text=True,
+        )
+
+    # `python -m tfgc._server` imports tfgc (and TensorFlow) before main() starts, so
+    # both run at once to keep the test short. Each gets a port it can serve on, so
+    # only its watchdog can end it.
+    ports = cluster._reserve_ports(2)
+    runs = {
+        # Not our parent (pid 1 is never the parent of a process started here).
+        "orphan": server(ports[0], parent_pid=1, timeout=60),
+        # Serves, then stops when its time is up.
+        "late": server(ports[1], parent_pid=os.getpid(), timeout=1),
+    }
+    try:
+        for name, proc in runs.items():
+            _, stderr = proc.communicate(timeout=60)
+            expected = {"orphan": (4, "parent 1 is gone"), "late": (3, "timeout reached")}[name]
+            assert (proc.returncode, expected[1] in stderr) == (expected[0], True), stderr
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_servers_exit_when_the_launcher_is_killed(tmp_path):
+    # A launcher that dies without cleanup (SIGKILL): the servers' watchdogs end them.
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent("""
+        import json, sys, time
+        from tfgc import cluster
+        c = cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=120).start()
+        print(json.dumps(c.pids), flush=True)
+        time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, "launcher printed no pids"
+        pids = json.loads(line)
+        servers = pids["ps"] + pids["worker"]
+        assert all(not gone(pid) for pid in servers)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert wait_gone(servers, timeout_s=10) == []
+
+
+def test_port_taken_before_bind_is_retried_on_fresh_ports(monkeypatch):
+    # Hold the first port picked for the PS so that its server cannot bind it.
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    real_reserve = cluster._reserve_ports
+    calls = []
+
+    def reserve(count):
+        ports = real_reserve(count)
+        if not calls:
+            ports[1] = taken  # ports[0] is the chief's, ports[1] the first PS's
+        calls.append(ports)
+        return ports
+
+    monkeypatch.setattr(cluster, "_reserve_ports", reserve)
+    try:
+        with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=120) as c:
+            assert len(calls) == 2
+            assert c.addresses["ps"] != [f"127.0.0.1:{taken}"]
+            pids = c.pids["ps"] + c.pids["worker"]
+    finally:
+        blocker.close()
+    assert wait_gone(pids, timeout_s=5) == []
+
+
+def test_cli_runs_script_as_coordinator(tmp_path):
+    script = tmp_path / "add.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import tensorflow as tf
+
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        assert resolver.task_type == "chief", resolver.task_type
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+        @tf.function
+        def add(a, b):
+            return a + b
+
+        a, b = float(sys.argv[1]), float(sys.argv[2])
+        result = coordinator.schedule(add, args=(tf.constant(a), tf.constant(b))).fetch()
+        print(f"sum={result}")
+        sys.exit(7)
+    """))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfgc.cluster", "--ps", "1", "--workers", "1", "--timeout", "120",
+         "--", str(script), "2", "40"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 7, done.stderr[-3000:]
+    assert "sum=42.0" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "/job:ps/task:0" in done.stderr and "/job:worker/task:0" in done.stderr
+    assert "traffic" in done.stderr and "chief -> worker" in done.stderr, done.stderr[-3000:]
+    # The servers were stopped: no pid printed by the CLI survives.
+    pids = [int(p) for p in re.findall(r"pid (\d+)", done.stderr)]
+    assert len(pids) == 3
+    assert wait_gone(pids, timeout_s=5) == []
+
+
+def test_ss_output_parsing(monkeypatch):
+    # Real `ss -H -t -n -p -i state established` lines (the counters on a continuation
+    # line), with a dual-stack server end written as [::ffff:127.0.0.1].
+    output = (
+        "0 0 127.0.0.1:53592 127.0.0.1:40325 users:((\"python\",pid=11,fd=4))\n"
+        "\t cubic wscale:7,7 bytes_sent:1000 bytes_acked:1001 segs_out:3 lastsnd:8\n"
+        "0 0 [::ffff:127.0.0.1]:40325 [::ffff:127.0.0.1]:53592 users:((\"python\",pid=22,fd=5))\n"
+        "\t cubic wscale:7,7 bytes_received:1000 segs_in:3\n"
+        "0 0 10.0.0.2:22 10.0.0.9:5000 users:((\"sshd\",pid=33,fd=3))\n"
+        "\t cubic bytes_acked:5 bytes_received:7\n"
+    )
+    monkeypatch.setattr(cluster, "_run_ss", lambda args: output)
+    sockets = cluster._ss_sockets(["-i", "state", "established"])
+    assert sockets[0] == {"local": ("127.0.0.1", 53592), "peer": ("127.0.0.1", 40325), "pid": 11,
+                          "bytes_sent": 1000, "bytes_acked": 1001, "bytes_received": 0}
+    assert sockets[1]["local"] == ("127.0.0.1", 40325) and sockets[1]["pid"] == 22
+    assert sockets[1]["bytes_received"] == 1000
+    assert sockets[2]["local"] == ("10.0.0.2", 22)
+
+    listening = "LISTEN 0 4096 *:40325 *:* users:((\"python\",pid=22,fd=7))\n"
+    monkeypatch.setattr(cluster, "_run_ss", lambda args: listening)
+    assert cluster._ss_sockets(["-l"]) == [{"local": ("*", 40325), "peer": ("*", None), "pid": 22,
+                                            "bytes_sent": 0, "bytes_acked": 0, "bytes_received": 0}]
+
+    # socket_bytes pairs the two ends of a connection by their ports and names the jobs.
+    c = cluster.LocalCluster(num_ps=1, num_workers=1)
+    c._addresses = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:40325"], "worker": ["127.0.0.1:2"]}
+    c._pids = {"ps": [22], "worker": [44]}
+    monkeypatch.setattr(cluster, "_run_ss", lambda args: output)
+    rows = c.socket_bytes(chief_pid=11)
+    assert [(r["local_job"], r["peer_job"], r["bytes_acked"]) for r in rows] == [
+        ("chief", "ps", 1001), ("ps", "chief", 0)]
+    assert c.traffic_between("chief", "ps", chief_pid=11) == 1001
+    assert c.traffic_summary(chief_pid=11) == {("chief", "ps"): 1001, ("ps", "chief"): 0}
