@@ -171,9 +171,8 @@ class _CompressingMixin:
         """Sends one gradient over `wire` if it is compressed, and counts its bytes."""
         if gradient is None:
             return None
-        dense_bytes = variable.shape.num_elements() * variable.dtype.size
         if not self.compresses(variable):
-            self._count(dense_bytes, dense_bytes)
+            self._count(_dense_bytes(variable), _dense_bytes(variable))
             return gradient
         return wire(gradient, variable)
 
@@ -193,8 +192,7 @@ class _CompressingMixin:
             payload = self.compression.encode(gradient)
         else:
             payload = feedback_step(self.compression, tf.convert_to_tensor(gradient), residual)[0]
-        self._count(codecs.payload_nbytes(payload),
-                    variable.shape.num_elements() * variable.dtype.size)
+        self._count(codecs.payload_nbytes(payload), _dense_bytes(variable))
         return payload
 
     def _push_to_variable_device(self, gradient, variable):
@@ -222,6 +220,10 @@ class _CompressingMixin:
             )
             total = decoded if total is None else total + decoded
         return total
+
+
+def _dense_bytes(variable):
+    return variable.shape.num_elements() * variable.dtype.size
 
 
 def _is_parameter_server(strategy):
