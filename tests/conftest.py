@@ -2,6 +2,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -9,3 +12,20 @@ import pytest  # noqa: E402
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def run_python(tmp_path):
+    """Runs a Python script in a fresh process (for code that changes TF's global
+    context, such as logical devices or a cluster connection); returns its stdout."""
+
+    def run(source, timeout):
+        script = tmp_path / "script.py"
+        script.write_text(source)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stdout
+
+    return run

@@ -1,7 +1,4 @@
 """DistributedOptimizer: wrapping, the single-process and all-reduce wires, state."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -134,14 +131,8 @@ MIRRORED_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_mirrored_sums_every_replicas_decoded_gradient(tmp_path):
-    script = tmp_path / "mirrored.py"
-    script.write_text(MIRRORED_SCRIPT)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("ok") == 3
+def test_mirrored_sums_every_replicas_decoded_gradient(run_python):
+    assert run_python(MIRRORED_SCRIPT, timeout=300).count("ok") == 3
 
 
 def test_traffic_logger_reports_each_step(tmp_path):

@@ -1,9 +1,6 @@
 """Compressed pushes on a real parameter-server cluster: model.fit under
 ParameterServerStrategy, bytes counted per socket."""
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -53,14 +50,9 @@ COORDINATOR = textwrap.dedent(
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_parameter_servers_receive_only_compressed_gradients(tmp_path):
-    script = tmp_path / "coordinator.py"
-    script.write_text(COORDINATOR)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    line = next(l for l in done.stdout.splitlines() if l.startswith("RESULTS "))
+def test_parameter_servers_receive_only_compressed_gradients(run_python):
+    stdout = run_python(COORDINATOR, timeout=600)
+    line = next(l for l in stdout.splitlines() if l.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
     plain, compressed = results["none"], results["threelc"]
     steps = 45
