@@ -33,7 +33,9 @@ def _quantize(flat, scale):
 def _quantize_and_fold(x, sparsity):
     """Returns (quartic bytes, scale M in x's dtype)."""
     flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-    scale = _scale(flat, sparsity)
+    # Quantize with M as the receiver will read it (x's dtype), so that the sender's
+    # reconstruction (`_dequantized`) equals the decoding exactly.
+    scale = base.round_to(_scale(flat, sparsity), x.dtype)
     return quartic.fold(_quantize(flat, scale)), tf.cast(scale, x.dtype)
 
 
