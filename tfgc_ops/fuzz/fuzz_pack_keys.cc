@@ -30,18 +30,14 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "key_packing.h"
 
 namespace kp = ::tfgc::key_packing;
+using tfgc_fuzz::Check;
 
 namespace {
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tfgc fuzz: check failed: %s\n", what);
-    std::abort();
-  }
-}
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 

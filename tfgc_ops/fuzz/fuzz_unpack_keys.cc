@@ -20,20 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "key_packing.h"
 
 namespace kp = ::tfgc::key_packing;
 
-namespace {
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tfgc fuzz: check failed: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+using tfgc_fuzz::Check;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t n = static_cast<int64_t>(size);

@@ -10,18 +10,12 @@
 #include <memory>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "zero_run.h"
 
 namespace tfgc_fuzz {
 
 namespace zr = ::tfgc::zero_run;
-
-inline void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tfgc fuzz: check failed: %s\n", what);
-    std::abort();
-  }
-}
 
 inline int64_t NaiveFindInvalid(const uint8_t* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
