@@ -232,33 +232,36 @@ def _is_parameter_server(strategy):
 
 def _residual_variable(variable):
     """A zero residual of `variable`'s shape kept where its gradients are produced."""
-    strategy = tf.distribute.get_strategy()
-    name = f"residual/{variable.name.split(':')[0]}"
-    zeros = tf.zeros(variable.shape, variable.dtype)
-    if _is_parameter_server(strategy):
-        # One copy per worker: a residual on the parameter server would be pulled in fp32.
-        # The strategy's variable creator is active here (as for the optimizer's slots).
-        return tf.Variable(zeros, trainable=False, name=name, per_worker_variable=True)
-    if strategy.num_replicas_in_sync > 1:
-        # One copy per replica; a checkpoint keeps their sum, the total unsent error.
-        return tf.Variable(
-            zeros, trainable=False, name=name,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
-        )
-    return tf.Variable(zeros, trainable=False, name=name)
+    # Under PSS one copy per worker: a residual on the parameter server would be pulled
+    # in fp32. Under mirrored strategies a checkpoint keeps the replicas' sum, the total
+    # unsent error.
+    return _local_variable(tf.zeros(variable.shape, variable.dtype),
+                           f"residual/{variable.name.split(':')[0]}", per_worker=True)
 
 
 def _counter_variable(name):
     """A cumulative int64 byte counter that every replica or worker adds to."""
+    return _local_variable(tf.constant(0, tf.int64), name, per_worker=False)
+
+
+def _local_variable(initial_value, name, per_worker):
+    """A variable each replica updates on its own copy of; reading it sums the copies.
+
+    Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
+    variable on a parameter server that every worker adds to. The strategy's variable
+    creator is active here (as for the optimizer's slots).
+    """
     strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1 and not _is_parameter_server(strategy):
+    if _is_parameter_server(strategy):
+        return tf.Variable(initial_value, trainable=False, name=name,
+                           per_worker_variable=per_worker)
+    if strategy.num_replicas_in_sync > 1:
         return tf.Variable(
-            tf.constant(0, tf.int64), trainable=False, name=name,
+            initial_value, trainable=False, name=name,
             synchronization=tf.VariableSynchronization.ON_READ,
             aggregation=tf.VariableAggregation.SUM,
         )
-    return tf.Variable(tf.constant(0, tf.int64), trainable=False, name=name)
+    return tf.Variable(initial_value, trainable=False, name=name)
 
 
 # dtypes TensorFlow's all-gather takes; others travel as their bytes packed in int32.
@@ -284,8 +287,7 @@ def _to_words(tensor):
     flat = tf.reshape(tensor, [-1])
     if tensor.dtype in _GATHERABLE:
         return flat
-    data = tf.reshape(tf.bitcast(flat, tf.uint8), [-1]) if tensor.dtype.size > 1 else flat
-    data = tf.bitcast(data, tf.uint8) if data.dtype != tf.uint8 else data
+    data = tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
     data = tf.pad(data, [[0, -tf.size(data) % 4]])
     return tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
 
@@ -296,4 +298,4 @@ def _from_words(words, dtype, shape):
     data = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[: tf.reduce_prod(shape) * dtype.size]
     if dtype.size > 1:
         data = tf.reshape(data, [-1, dtype.size])
-    return tf.reshape(tf.bitcast(data, dtype) if dtype != tf.uint8 else data, shape)
+    return tf.reshape(tf.bitcast(data, dtype), shape)

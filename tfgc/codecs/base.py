@@ -121,6 +121,12 @@ def check_size(tensor, expected, codec_name):
         return tf.identity(tensor)
 
 
+def largest_magnitude(flat):
+    """max|x| over the finite elements of 1-D float32 `flat`; 0 when there are none."""
+    magnitude = tf.abs(tf.where(tf.math.is_finite(flat), flat, 0.0))
+    return tf.where(tf.size(flat) > 0, tf.reduce_max(magnitude), 0.0)
+
+
 def nan_unless(finite, scale):
     """`scale`, or NaN when the input was not finite (the non-finite policy)."""
     return tf.where(finite, scale, tf.constant(float("nan"), scale.dtype))

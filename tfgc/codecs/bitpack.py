@@ -18,6 +18,19 @@ def packed_size(n, bits):
     return (tf.cast(n, tf.int64) * tf.cast(bits, tf.int64) + 7) // 8
 
 
+def join_sign(negative, level, bits):
+    """Sign-magnitude codes: the sign in the top bit of `bits`, a level below it."""
+    sign = tf.bitwise.left_shift(tf.cast(negative, tf.int32), bits - 1)
+    return sign | tf.cast(level, tf.int32)
+
+
+def split_sign(codes, bits):
+    """Inverse of `join_sign`: (negative as bool, level as float32)."""
+    negative = tf.bitwise.right_shift(codes, bits - 1) > 0
+    level = codes & (tf.bitwise.left_shift(1, bits - 1) - 1)
+    return negative, tf.cast(level, tf.float32)
+
+
 def pack_bits(codes, bits):
     """1-D integer codes in [0, 2^bits) -> uint8 of ceil(n * bits / 8) bytes."""
     codes = tf.cast(tf.reshape(codes, [-1]), tf.int64)

@@ -31,14 +31,12 @@ class LogQuant(base.ReconstructingCodec):
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         finite = base.all_finite(flat)
         magnitude = tf.abs(tf.where(finite, flat, 0.0))
-        largest = tf.where(tf.size(flat) > 0, tf.reduce_max(magnitude), 0.0)
+        largest = base.largest_magnitude(flat)
         full_scale = tf.where(largest > 0, tf.math.ceil(_log2(largest)), 0.0)
         exponent = tf.round(_log2(tf.where(magnitude > 0, magnitude, 1.0)))
-        level = tf.minimum(full_scale, exponent)
-        level = full_scale - level + 1.0
+        level = full_scale - tf.minimum(full_scale, exponent) + 1.0
         level = tf.where((magnitude > 0) & (level <= self.levels), level, 0.0)
-        negative = tf.cast(flat < 0, tf.int32)
-        codes = tf.bitwise.left_shift(negative, self.bits - 1) | tf.cast(level, tf.int32)
+        codes = bitpack.join_sign(flat < 0, level, self.bits)
         scale = base.nan_unless(finite, tf.pow(2.0, full_scale))
         payload = {
             "data": bitpack.pack_bits(codes, self.bits),
@@ -56,10 +54,10 @@ class LogQuant(base.ReconstructingCodec):
         return tf.reshape(tf.cast(values, payload["dtype"].dtype), base.static_shape(shape))
 
     def _values(self, codes, scale):
-        level = tf.cast(codes & self.levels, tf.float32)
+        negative, level = bitpack.split_sign(codes, self.bits)
         magnitude = tf.where(level > 0, scale * tf.pow(2.0, 1.0 - level), 0.0)
         magnitude = tf.where(tf.math.is_finite(scale), magnitude, scale)  # NaN scale: all NaN
-        return tf.where(tf.bitwise.right_shift(codes, self.bits - 1) > 0, -magnitude, magnitude)
+        return tf.where(negative, -magnitude, magnitude)
 
 
 def _log2(x):

@@ -41,7 +41,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         # The range travels in x's dtype; both sides compute from the rounded values.
         low = base.round_to(tf.where(nonempty & finite, tf.reduce_min(flat), 0.0), x.dtype)
         high = base.round_to(tf.where(nonempty & finite, tf.reduce_max(flat), 0.0), x.dtype)
-        levels = tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
+        levels = _levels(bits)
         step = (high - low) / levels
         codes = tf.round((flat - low) / tf.where(step > 0, step, 1.0))
         codes = tf.clip_by_value(tf.where(finite, codes, 0.0), 0.0, levels)
@@ -62,9 +62,8 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         bits = tf.cast(payload["bits"], tf.int32)
         data = base.check_size(payload["data"], bitpack.packed_size(n, bits), self.name)
         codes = tf.cast(bitpack.unpack_bits(data, bits, n), tf.float32)
-        levels = tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
         low = tf.cast(payload["min"], tf.float32)
-        step = (tf.cast(payload["max"], tf.float32) - low) / levels
+        step = (tf.cast(payload["max"], tf.float32) - low) / _levels(bits)
         values = tf.cast(low + codes * step, payload["min"].dtype)
         return tf.reshape(values, base.static_shape(shape))
 
@@ -76,6 +75,11 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         )
         with tf.control_dependencies([check]):
             return tf.identity(bits)
+
+
+def _levels(bits):
+    """The largest K-bit code, 2^K - 1, as float32."""
+    return tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
 
 
 def check_bits(bits):
@@ -93,8 +97,7 @@ class Int8(base.ReconstructingCodec):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         finite = base.all_finite(flat)
-        largest = tf.where((tf.size(flat) > 0) & finite, tf.reduce_max(tf.abs(flat)), 0.0)
-        scale = largest / 127.0
+        scale = base.largest_magnitude(flat) / 127.0
         q = tf.where(finite, tf.clip_by_value(tf.round(flat / tf.where(scale > 0, scale, 1.0)), -127.0, 127.0), 0.0)
         scale = base.round_to(base.nan_unless(finite, scale), x.dtype)
         payload = {

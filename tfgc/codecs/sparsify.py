@@ -22,10 +22,7 @@ class Sparsify(base.ReconstructingCodec):
     """
 
     def __init__(self, fraction=0.25):
-        fraction = float(fraction)
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"Sparsify fraction must be in (0, 1], got {fraction}")
-        self.fraction = fraction
+        self.fraction = _share(fraction, "Sparsify fraction")
 
     def get_config(self):
         return {"fraction": self.fraction}
@@ -67,10 +64,7 @@ class TopK(base.ReconstructingCodec):
     """
 
     def __init__(self, ratio=0.01):
-        ratio = float(ratio)
-        if not 0.0 < ratio <= 1.0:
-            raise ValueError(f"TopK ratio must be in (0, 1], got {ratio}")
-        self.ratio = ratio
+        self.ratio = _share(ratio, "TopK ratio")
 
     def get_config(self):
         return {"ratio": self.ratio}
@@ -96,3 +90,11 @@ class TopK(base.ReconstructingCodec):
         dense = tf.scatter_nd(payload["indices"][:, None], values, tf.reshape(n, [1]))
         return tf.reshape(dense, base.static_shape(shape))
 
+
+
+def _share(value, what):
+    """`value` as a float once checked to be a share of the values, in (0, 1]."""
+    value = float(value)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{what} must be in (0, 1], got {value}")
+    return value

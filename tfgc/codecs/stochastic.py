@@ -23,8 +23,7 @@ class StochasticTernary(base.StochasticCodec):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         finite = base.all_finite(flat)
-        largest = tf.where((tf.size(flat) > 0) & finite, tf.reduce_max(tf.abs(flat)), 0.0)
-        scale = base.round_to(base.nan_unless(finite, largest), x.dtype)
+        scale = base.round_to(base.nan_unless(finite, base.largest_magnitude(flat)), x.dtype)
         probability = tf.abs(flat) / tf.where(scale > 0, scale, 1.0)
         keep = self.uniform(tf.shape(flat)) < probability
         q = tf.where(keep & finite, tf.sign(flat), 0.0)
@@ -83,8 +82,7 @@ class QSGD(base.StochasticCodec):
         lower = tf.floor(scaled)
         level = lower + tf.cast(self.uniform(tf.shape(buckets)) < scaled - lower, tf.float32)
         level = tf.minimum(level, self.levels)
-        negative = tf.cast(buckets < 0, tf.int32)
-        codes = tf.bitwise.left_shift(negative, self.bits - 1) | tf.cast(level, tf.int32)
+        codes = bitpack.join_sign(buckets < 0, level, self.bits)
         n = tf.size(flat)
         payload = {
             "data": bitpack.pack_bits(tf.reshape(codes, [-1])[:n], self.bits),
@@ -99,9 +97,9 @@ class QSGD(base.StochasticCodec):
         n = tf.reduce_prod(shape)
         data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
         norms = base.check_size(payload["norms"], (n + self.bucket_size - 1) // self.bucket_size, self.name)
-        codes = self._buckets(bitpack.unpack_bits(data, self.bits, n))
-        level = tf.cast(codes & self.levels, tf.float32)
-        signed = tf.where(tf.bitwise.right_shift(codes, self.bits - 1) > 0, -level, level)
+        negative, level = bitpack.split_sign(self._buckets(bitpack.unpack_bits(data, self.bits, n)),
+                                             self.bits)
+        signed = tf.where(negative, -level, level)
         values = signed * tf.cast(norms, tf.float32)[:, None] / self.levels
         values = tf.cast(tf.reshape(values, [-1])[:n], norms.dtype)
         return tf.reshape(values, base.static_shape(shape))
