@@ -100,6 +100,7 @@ class _CompressingMixin:
         self.min_elements = int(min_elements)
         self.error_feedback = bool(error_feedback)
         self._residuals = {}
+        self._codecs = {}  # the codec bound to each compressed variable, by key
         self.traffic = None  # {"push_bytes", "push_dense_bytes"}: cumulative counters
 
     def get_config(self):
@@ -123,11 +124,8 @@ class _CompressingMixin:
         super().build(var_list)
         if self.traffic is None:
             self.traffic = {name: _counter_variable(name) for name in TRAFFIC_COUNTERS}
-        if not self.error_feedback:
-            return
         missing = [
-            v for v in var_list
-            if self.compresses(v) and self._residual_key(v) not in self._residuals
+            v for v in var_list if self.compresses(v) and self._key(v) not in self._codecs
         ]
         strategy = tf.distribute.get_strategy()
         if missing and _is_parameter_server(strategy) and not tf.distribute.in_cross_replica_context():
@@ -138,12 +136,21 @@ class _CompressingMixin:
                 "`with strategy.scope(): optimizer.build(model.trainable_variables)`"
             )
         for variable in missing:
-            self._residuals[self._residual_key(variable)] = _residual_variable(variable)
+            self._codecs[self._key(variable)] = self.compression.bind(variable)
+            if self.error_feedback:
+                self._residuals[self._residual_key(variable)] = _residual_variable(variable)
+
+    def _key(self, variable):
+        # The variable's position in the optimizer (as for its slots): stable across
+        # processes, so checkpoints restore state to the right variables.
+        return f"codec_{self._index_dict[self._var_key(variable)]}"
 
     def _residual_key(self, variable):
-        # The variable's position in the optimizer (as for its slots): stable across
-        # processes, so checkpoints restore residuals to the right variables.
         return f"residual_{self._index_dict[self._var_key(variable)]}"
+
+    def codec_for(self, variable):
+        """The codec bound to `variable` (see `Codec.bind`)."""
+        return self._codecs[self._key(variable)]
 
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
                         **kwargs):
@@ -187,37 +194,41 @@ class _CompressingMixin:
             self.compression, codecs.FastSGD
         ):
             gradient = tf.convert_to_tensor(gradient)  # only FastSGD takes slices as they are
+        codec = self.codec_for(variable)
         residual = self._residuals.get(self._residual_key(variable))
         if residual is None:
-            payload = self.compression.encode(gradient)
+            payload = codec.encode(gradient)
         else:
-            payload = feedback_step(self.compression, tf.convert_to_tensor(gradient), residual)[0]
+            payload = feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
         self._count(codecs.payload_nbytes(payload), _dense_bytes(variable))
         return payload
 
     def _push_to_variable_device(self, gradient, variable):
         payload = self._encode(gradient, variable)
         with tf.device(variable.device):
-            return self.compression.decode(payload)
+            return self.codec_for(variable).decode(payload)
 
     def _round_trip(self, gradient, variable):
-        return self.compression.decode(self._encode(gradient, variable))
+        return self.codec_for(variable).decode(self._encode(gradient, variable))
 
     def _all_reduce(self, gradient, variable):
         context = tf.distribute.get_replica_context()
+        codec = self.codec_for(variable)
+        if hasattr(codec, "all_reduce"):
+            total, payload_bytes = codec.all_reduce(tf.convert_to_tensor(gradient), context)
+            self._count(payload_bytes, _dense_bytes(variable))
+            return total
         payload = self._encode(gradient, variable)
-        if self.compression.summable:
+        if codec.summable:
             summed = {
                 k: context.all_reduce(tf.distribute.ReduceOp.SUM, t) if t.dtype.is_floating else t
                 for k, t in payload.items()
             }
-            return self.compression.decode(summed)
+            return codec.decode(summed)
         gathered = [_all_gather_padded(context, t) for t in payload.values()]
         total = None
         for replica in range(context.num_replicas_in_sync):
-            decoded = self.compression.decode(
-                {k: pieces[replica] for k, pieces in zip(payload, gathered)}
-            )
+            decoded = codec.decode({k: pieces[replica] for k, pieces in zip(payload, gathered)})
             total = decoded if total is None else total + decoded
         return total
 

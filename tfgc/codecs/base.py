@@ -44,6 +44,19 @@ class Codec(abc.ABC):
         payload = self.encode(x)
         return payload, self.decode(payload)
 
+    def bind(self, variable):
+        """The codec to use for `variable`'s gradients (default: this one).
+
+        `DistributedOptimizer.build` calls it once per compressed variable, inside the
+        strategy's scope, so a codec that keeps per-variable state (tf.Variables, such as
+        GradiVeQ's compressors) creates it here. A bound codec may also define
+        `all_reduce(gradient, replica_context) -> (summed_gradient, payload_nbytes)`,
+        which the optimizer then calls under all-reduce strategies instead of its
+        generic path (no error feedback: the codec owns the whole aggregation).
+        """
+        del variable
+        return self
+
     def get_config(self):
         """Constructor arguments, for serialization with `from_config`."""
         return {}
