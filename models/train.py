@@ -1,0 +1,548 @@
+"""Train a reference model with compressed gradients, locally or on a local TF cluster.
+
+    python -m models.train --model resnet20 --dataset cifar10 \\
+        --compression threelc:sparsity=1.75 --strategy ps --workers 2 --steps 1000
+
+Strategies:
+
+* ``local``: one process, no tf.distribute strategy; gradients still go through the
+  codec (encode + decode), to study accuracy.
+* ``ps``: a real parameter-server cluster on 127.0.0.1 (`tfgc.cluster.LocalCluster`,
+  ``--ps`` servers and ``--workers`` workers, one process each); this process is the
+  coordinator and runs tf_keras ``fit`` under ParameterServerStrategy. Workers push
+  encoded gradients; bytes per direction are read from the kernel's per-socket
+  counters. ``--steps`` counts worker steps (each one batch of ``--batch-size`` from one
+  worker, applied asynchronously).
+* ``mwms``: MultiWorkerMirroredStrategy with ``--workers`` processes on 127.0.0.1 (one
+  TF_CONFIG each); ``--steps`` counts synchronous steps of a global batch of
+  ``--batch-size`` x ``--workers``.
+
+Outputs under ``--out`` (default runs/<name>): ``history.csv`` (per step: time, loss,
+accuracy, push bytes), ``summary.json`` (the run's settings, dataset actually used,
+test accuracy, bytes per step, step time), ``tensorboard/`` and ``plot.png`` (loss and
+accuracy against time and steps; overlay runs with ``python -m models.plots``).
+
+Compression specs: ``none``, ``fp16``, ``bf16``, ``int8``, ``threelc:sparsity=1.75``,
+``quantize:bits=4``, ``ternary``, ``onebit``, ``sparsify:fraction=0.25``,
+``topk:ratio=0.01``, ``logquant:bits=4``, ``fastsgd:base=1.1``, ``qsgd:bits=4`` (any
+`tfgc.codecs` class name works, with its constructor arguments after the colon).
+
+The recipe follows 3LC for ResNets: SGD with momentum 0.9, weight decay 1e-4, cosine
+decay of the learning rate from --lr to --lr / 100 over the run, the learning rate
+scaled by the number of synchronous replicas, per-worker batch 32, random crop (4-pixel
+padding) and horizontal flip.
+"""
+import argparse
+import ast
+import csv
+import inspect
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+STRATEGIES = ("local", "ps", "mwms")
+_CODEC_ALIASES = {
+    "none": ("NoCompression", {}),
+    "fp32": ("NoCompression", {}),
+    "fp16": ("Cast", {"dtype": "float16"}),
+    "float16": ("Cast", {"dtype": "float16"}),
+    "bf16": ("Cast", {"dtype": "bfloat16"}),
+    "bfloat16": ("Cast", {"dtype": "bfloat16"}),
+    "ternary": ("StochasticTernary", {}),
+    "3lc": ("ThreeLC", {}),
+}
+HISTORY_FIELDS = ("step", "time_s", "loss", "accuracy", "push_bytes", "push_dense_bytes")
+
+
+# --- compression specs --------------------------------------------------------------------
+
+
+def parse_compression(spec):
+    """Parses a compression spec such as "threelc:sparsity=1.75" into a tfgc codec.
+
+    The name is a `tfgc.codecs` class name (case and underscores ignored) or an alias
+    (none, fp16, bf16, ternary, 3lc); arguments are `key=value` pairs separated by
+    commas, values parsed as Python literals (else kept as strings).
+
+    Raises:
+      ValueError: unknown codec, malformed argument, or arguments the codec rejects.
+    """
+    from tfgc import codecs
+
+    name, _, arg_text = spec.strip().partition(":")
+    key = name.strip().lower().replace("_", "").replace("-", "")
+    classes = {cls.lower(): cls for cls in codecs._CODECS}
+    if name.strip().lower() in _CODEC_ALIASES:
+        class_name, kwargs = _CODEC_ALIASES[name.strip().lower()]
+        kwargs = dict(kwargs)
+    elif key in classes:
+        class_name, kwargs = classes[key], {}
+    else:
+        known = sorted(set(_CODEC_ALIASES) | {c.lower() for c in codecs._CODECS})
+        raise ValueError(f"unknown compression {name!r} in {spec!r}; known: {', '.join(known)}")
+    for item in filter(None, (p.strip() for p in arg_text.split(","))):
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise ValueError(f"compression argument {item!r} in {spec!r} is not key=value")
+        try:
+            kwargs[k.strip()] = ast.literal_eval(v.strip())
+        except (ValueError, SyntaxError):
+            kwargs[k.strip()] = v.strip()
+    try:
+        return codecs._CODECS[class_name](**kwargs)
+    except TypeError as error:
+        raise ValueError(f"bad arguments for {class_name} in {spec!r}: {error}") from None
+
+
+# --- models and data ------------------------------------------------------------------
+
+
+def build_model(name, num_classes, input_shape, weight_decay):
+    """"resnet20" (any 6n+2), "mqgrad_cnn" -> an uncompiled tf_keras model."""
+    from models import cnn, resnet
+
+    if name.startswith("resnet"):
+        return resnet.by_name(name, num_classes, input_shape, weight_decay)
+    if name == "mqgrad_cnn":
+        return cnn.mqgrad_cnn(num_classes, input_shape)
+    raise ValueError(f"unknown model {name!r}; use resnet20/32/44/56/110 or mqgrad_cnn")
+
+
+def make_dataset(x, y, batch_size, mean, std, augment, seed, shuffle=True, repeat=True):
+    """A tf.data pipeline: uint8 images -> normalized float32 (+ crop and flip)."""
+    import tensorflow as tf
+
+    height, width = x.shape[1], x.shape[2]
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle:
+        ds = ds.shuffle(min(len(x), 20000), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+
+    def prepare(image, label):
+        image = (tf.cast(image, tf.float32) / 255.0 - mean) / std
+        if augment:
+            image = tf.image.resize_with_crop_or_pad(image, height + 8, width + 8)
+            image = tf.image.random_crop(image, [height, width, x.shape[3]])
+            image = tf.image.random_flip_left_right(image)
+        return image, label
+
+    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=repeat).prefetch(tf.data.AUTOTUNE)
+
+
+def make_optimizer(args, replicas, codec):
+    """SGD(momentum 0.9) with cosine decay, wrapped in a tfgc.DistributedOptimizer."""
+    import tf_keras
+
+    import tfgc
+    from tfgc.codecs.base import StochasticCodec
+
+    lr = args.lr * replicas
+    schedule = tf_keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=lr, decay_steps=max(1, args.steps), alpha=args.lr_final / args.lr
+    )
+    inner = tf_keras.optimizers.SGD(schedule, momentum=args.momentum)
+    # Unbiased codecs gain nothing from error feedback; the identity has no error.
+    feedback = args.error_feedback and not isinstance(codec, StochasticCodec)
+    if isinstance(codec, tfgc.codecs.NoCompression):
+        feedback = False
+    return tfgc.DistributedOptimizer(
+        inner, compression=codec, min_elements=args.min_elements, error_feedback=feedback
+    )
+
+
+# --- callbacks ----------------------------------------------------------------------------
+
+
+def _recorder_class():
+    import tf_keras
+
+    class Recorder(tf_keras.callbacks.Callback):
+        """Records time, loss, accuracy and push bytes after every step."""
+
+        def __init__(self, steps_per_epoch, on_epoch=None):
+            super().__init__()
+            self.steps_per_epoch = steps_per_epoch
+            self.rows = []
+            self.epoch = 0
+            self.start = None
+            self.on_epoch = on_epoch
+
+        def on_train_begin(self, logs=None):
+            self.start = time.monotonic()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            logs = logs or {}
+            row = {"step": self.epoch * self.steps_per_epoch + batch + 1,
+                   "time_s": time.monotonic() - self.start}
+            for key in HISTORY_FIELDS[2:]:
+                value = logs.get(key)
+                row[key] = None if value is None else float(value)
+            self.rows.append(row)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.on_epoch is not None:
+                self.on_epoch(epoch, logs)
+
+    return Recorder
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def _log(message):
+    print(f"[models.train] {message}", file=sys.stderr, flush=True)
+
+
+def _has_tensorboard():
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        _log("no TensorBoard logs: the tensorboard package is not installed")
+        return False
+    return True
+
+
+def _bandwidth_kwargs(args):
+    if not args.bandwidth:
+        return {}
+    from tfgc import cluster
+
+    if "bandwidth" not in inspect.signature(cluster.LocalCluster.__init__).parameters:
+        raise NotImplementedError(
+            "--bandwidth needs bandwidth emulation in tfgc.cluster.LocalCluster, which this "
+            "tfgc does not have yet; run without --bandwidth"
+        )
+    return {"bandwidth": args.bandwidth}
+
+
+def train(args):
+    """Runs one training job in this process (for mwms: this worker's part).
+
+    Returns:
+      The summary dict (also written to <out>/summary.json by the chief).
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    import tfgc
+    from models import data as data_lib
+
+    tf_keras.utils.set_random_seed(args.seed)
+    data = data_lib.load_images(
+        args.dataset, data_dir=args.data_dir, allow_substitute=args.allow_substitute,
+        limit=args.train_limit, manual_dir=args.manual_dir, download=args.download,
+        test_limit=args.test_limit,
+    )
+    _log(data.describe())
+    codec = parse_compression(args.compression)
+    x_float = data.x_train[:5000].astype(np.float32) / 255.0
+    mean = x_float.mean(axis=(0, 1, 2)).astype(np.float32)
+    std = (x_float.std(axis=(0, 1, 2)) + 1e-3).astype(np.float32)
+    steps_per_epoch = min(args.log_every, args.steps)
+    epochs = max(1, -(-args.steps // steps_per_epoch))
+    is_chief = True
+    cluster = None
+    summary = {
+        "name": args.name, "model": args.model, "dataset_requested": args.dataset,
+        "dataset": data.name, "substitute_for": data.substitute_for,
+        "train_examples": int(len(data.x_train)), "test_examples": int(len(data.x_test)),
+        "compression": args.compression, "codec": tfgc.codecs.serialize(codec),
+        "strategy": args.strategy, "workers": args.workers if args.strategy != "local" else 1,
+        "ps": args.ps if args.strategy == "ps" else 0, "steps": steps_per_epoch * epochs,
+        "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+        "command": "python -m models.train " + " ".join(args.argv),
+    }
+
+    loss = tf_keras.losses.SparseCategoricalCrossentropy()
+    if args.strategy == "ps":
+        from tfgc import cluster as cluster_lib
+
+        cluster = cluster_lib.LocalCluster(
+            num_ps=args.ps, num_workers=args.workers, timeout_s=args.timeout,
+            **_bandwidth_kwargs(args),
+        ).start()
+        strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
+        replicas = 1  # each update is one worker's batch
+    elif args.strategy == "mwms":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        is_chief = task["index"] == 0
+        replicas = strategy.num_replicas_in_sync
+    else:
+        strategy = tf.distribute.get_strategy()
+        replicas = 1
+    out = args.out if is_chief else tempfile.mkdtemp(prefix="tfgc-train-worker-")
+    os.makedirs(out, exist_ok=True)
+
+    try:
+        with strategy.scope():
+            model = build_model(args.model, data.num_classes, data.input_shape, args.weight_decay)
+            optimizer = make_optimizer(args, replicas, codec)
+            optimizer.build(model.trainable_variables)  # PSS: per-worker buffers before fit
+            model.compile(optimizer, loss, metrics=["accuracy"])
+        summary["parameters"] = int(model.count_params())
+        batch = args.batch_size * (replicas if args.strategy == "mwms" else 1)
+        train_ds = make_dataset(data.x_train, data.y_train, batch, mean, std,
+                                args.augment, args.seed)
+        if args.strategy == "mwms":
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = (
+                tf.data.experimental.AutoShardPolicy.DATA)
+            train_ds = train_ds.with_options(options)
+
+        socket_rows = []
+
+        def read_sockets(epoch, logs):
+            if cluster is not None:
+                rows = cluster.socket_bytes()
+                socket_rows.append({
+                    "step": (epoch + 1) * steps_per_epoch,
+                    "worker_to_ps": cluster.traffic_between("worker", "ps", rows=rows),
+                    "ps_to_worker": cluster.traffic_between("ps", "worker", rows=rows),
+                })
+
+        recorder = _recorder_class()(steps_per_epoch, on_epoch=read_sockets)
+        callbacks = [tfgc.callbacks.TrafficLogger(), recorder]
+        if args.tensorboard and _has_tensorboard():
+            callbacks.append(tf_keras.callbacks.TensorBoard(
+                os.path.join(out, "tensorboard"), update_freq="epoch", profile_batch=0,
+                write_graph=False))
+        before = None
+        if cluster is not None:
+            rows = cluster.socket_bytes()
+            before = {"worker_to_ps": cluster.traffic_between("worker", "ps", rows=rows),
+                      "ps_to_worker": cluster.traffic_between("ps", "worker", rows=rows)}
+        _log(f"training {args.model} ({summary['parameters']:,d} parameters) with "
+             f"{args.compression} under {args.strategy} for {summary['steps']} steps")
+        started = time.monotonic()
+        model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                  callbacks=callbacks, verbose=args.verbose)
+        summary["train_time_s"] = time.monotonic() - started
+
+        # Per-step figures: cumulative counters over the steps of fit.
+        rows = recorder.rows
+        times = np.diff([0.0] + [r["time_s"] for r in rows])
+        warm = times[min(len(times) - 1, 5):] if len(times) else times
+        summary["step_time_s"] = float(np.median(warm)) if len(warm) else None
+        for key in ("loss", "accuracy"):
+            tail = [r[key] for r in rows[-steps_per_epoch:] if r[key] is not None]
+            summary["final_train_" + key] = float(np.mean(tail)) if tail else None
+        counters = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
+        steps_done = max(1, len(rows))
+        summary["push_bytes_per_step"] = counters["push_bytes"] / steps_done
+        summary["push_dense_bytes_per_step"] = counters["push_dense_bytes"] / steps_done
+        summary["payload_ratio"] = (
+            counters["push_dense_bytes"] / counters["push_bytes"] if counters["push_bytes"] else None)
+        if cluster is not None:
+            after = socket_rows[-1] if socket_rows else before
+            summary["socket_worker_to_ps_bytes_per_step"] = (
+                after["worker_to_ps"] - before["worker_to_ps"]) / steps_done
+            summary["socket_ps_to_worker_bytes_per_step"] = (
+                after["ps_to_worker"] - before["ps_to_worker"]) / steps_done
+            summary["socket_bytes"] = socket_rows
+
+        test_model = model
+        if args.strategy == "ps":
+            # The test set is evaluated on the coordinator, on a copy of the trained weights.
+            test_model = build_model(args.model, data.num_classes, data.input_shape, 0.0)
+            test_model.set_weights(model.get_weights())
+            test_model.compile(tf_keras.optimizers.SGD(), loss, metrics=["accuracy"])
+        test_ds = make_dataset(data.x_test, data.y_test, 256, mean, std, False, args.seed,
+                               shuffle=False, repeat=False)
+        if args.strategy == "mwms":
+            test_ds = test_ds.with_options(options)
+        test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
+        summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
+    finally:
+        if cluster is not None:
+            import gc
+
+            # Drop the cluster functions while the servers still run (clean shutdown).
+            gc.collect()
+            cluster.stop(remove_logs=True)
+
+    if is_chief:
+        with open(os.path.join(out, "history.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
+            writer.writeheader()
+            writer.writerows(recorder.rows)
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        try:
+            from models import plots
+
+            plots.plot_runs([out], os.path.join(out, "plot.png"))
+        except ImportError as error:
+            _log(f"no plot: {error}")
+        _log(f"test accuracy {summary['test_accuracy']:.4f} on {data.name}"
+             + (f" (substitute for {data.substitute_for})" if data.substitute_for else "")
+             + f"; outputs in {out}")
+    return summary
+
+
+# --- multi-worker launcher --------------------------------------------------------------
+
+
+def _free_ports(count):
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def launch_workers(args, argv):
+    """Runs one process per MWMS worker on 127.0.0.1; returns the chief's summary.
+
+    Each worker reruns this command with TF_CONFIG for its task. All are killed (by
+    pid) when one fails, on timeout, or when this process is interrupted.
+    """
+    ports = _free_ports(args.workers)
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    log_dir = os.path.join(args.out, "worker-logs")
+    os.makedirs(log_dir, exist_ok=True)
+    procs, logs = [], []
+    deadline = time.monotonic() + args.timeout
+    try:
+        for index in range(args.workers):
+            env = dict(os.environ, TF_CONFIG=json.dumps(
+                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}))
+            env["PYTHONUNBUFFERED"] = "1"
+            log = open(os.path.join(log_dir, f"worker-{index}.log"), "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "models.train", *argv, "--_worker"],
+                stdout=None if index == 0 else log, stderr=None if index == 0 else log,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            ))
+        _log(f"started {args.workers} MultiWorkerMirroredStrategy workers on "
+             f"{', '.join(addresses)} (pids {', '.join(str(p.pid) for p in procs)})")
+        while any(p.poll() is None for p in procs):
+            failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                raise RuntimeError(
+                    f"worker {failed[0]} exited with code {procs[failed[0]].returncode}; "
+                    f"see {log_dir}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers still running after --timeout {args.timeout} s")
+            time.sleep(0.2)
+        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise RuntimeError(f"worker {failed[0]} exited with code "
+                               f"{procs[failed[0]].returncode}; see {log_dir}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        for log in logs:
+            log.close()
+    with open(os.path.join(args.out, "summary.json")) as f:
+        return json.load(f)
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m models.train", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--model", default="resnet20", help="resnet20/32/44/56/110 or mqgrad_cnn")
+    add("--dataset", default="cifar10", help="cifar10, cifar100, fashion_mnist or digits")
+    add("--allow-substitute", action="store_true",
+        help="use real Fashion-MNIST (recorded as a substitute) if CIFAR is not available")
+    add("--data-dir", default=None, help="tensorflow-datasets data_dir for CIFAR")
+    add("--manual-dir", default=None, help="directory holding cifar-10-binary.tar.gz")
+    add("--download", action="store_true", help="let tensorflow-datasets download CIFAR")
+    add("--train-limit", type=int, default=None, help="use the first N training images")
+    add("--test-limit", type=int, default=None, help="evaluate on the first N test images")
+    add("--compression", default="none", help="codec spec, e.g. threelc:sparsity=1.75")
+    add("--no-error-feedback", dest="error_feedback", action="store_false",
+        help="disable error feedback (residual accumulation)")
+    add("--min-elements", type=int, default=1024,
+        help="variables with fewer elements are sent uncompressed")
+    add("--strategy", choices=STRATEGIES, default="local")
+    add("--workers", type=int, default=2)
+    add("--ps", type=int, default=1, help="parameter servers (--strategy ps)")
+    add("--bandwidth", default=None, help="emulated link bandwidth, e.g. 10mbit (ps)")
+    add("--steps", type=int, default=100, help="training steps (see the strategies)")
+    add("--log-every", type=int, default=50,
+        help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")
+    add("--batch-size", type=int, default=32, help="per-worker batch")
+    add("--lr", type=float, default=0.1, help="initial learning rate per replica")
+    add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
+    add("--momentum", type=float, default=0.9)
+    add("--weight-decay", type=float, default=1e-4)
+    add("--no-augment", dest="augment", action="store_false", help="no random crop / flip")
+    add("--no-tensorboard", dest="tensorboard", action="store_false")
+    add("--seed", type=int, default=0)
+    add("--name", default=None, help="run name (default: model-dataset-compression-strategy)")
+    add("--out", default=None, help="output directory (default: runs/<name>)")
+    add("--timeout", type=float, default=1800,
+        help="cluster processes exit after this many seconds")
+    add("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
+    add("--_worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = [a for a in argv if a != "--_worker"]
+    if args.steps < 1 or args.workers < 1 or args.ps < 1 or args.batch_size < 1:
+        parser.error("--steps, --workers, --ps and --batch-size must be positive")
+    try:
+        parse_compression(args.compression)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.name is None:
+        args.name = "-".join([args.model, args.dataset, args.compression.replace(":", "_")
+                              .replace("=", "").replace(",", "_"), args.strategy])
+    args.out = os.path.abspath(args.out or os.path.join("runs", args.name))
+    if args.bandwidth and args.strategy != "ps":
+        parser.error("--bandwidth applies to --strategy ps")
+    # A SIGTERM becomes a normal exit, so clusters and workers are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.strategy == "mwms" and not args._worker:
+        os.makedirs(args.out, exist_ok=True)
+        summary = launch_workers(args, args.argv)
+    else:
+        summary = train(args)
+    if not args._worker:
+        print(json.dumps({k: summary.get(k) for k in (
+            "name", "dataset", "substitute_for", "test_accuracy", "step_time_s",
+            "push_bytes_per_step", "payload_ratio", "socket_worker_to_ps_bytes_per_step",
+            "socket_ps_to_worker_bytes_per_step")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
