@@ -332,3 +332,61 @@ def test_ss_output_parsing(monkeypatch):
         ("chief", "ps", 1001), ("ps", "chief", 0)]
     assert c.traffic_between("chief", "ps", chief_pid=11) == 1001
     assert c.traffic_summary(chief_pid=11) == {("chief", "ps"): 1001, ("ps", "chief"): 0}
+
+
+def test_run_workers_gives_each_worker_its_tf_config(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        config = json.loads(os.environ["TF_CONFIG"])
+        print(json.dumps(config))
+        print("argv", sys.argv[1:], file=sys.stderr)
+        sys.exit(config["task"]["index"])  # worker i exits with i
+    """))
+    c = cluster.LocalCluster(num_ps=0, num_workers=3, log_dir=tmp_path / "logs")
+    results = c.run_workers([str(script), "a", "b"], timeout_s=60)
+    c.stop()
+    assert [r.index for r in results] == [0, 1, 2]
+    assert [r.returncode for r in results] == [0, 1, 2]
+    configs = [json.loads(r.stdout) for r in results]
+    workers = configs[0]["cluster"]["worker"]
+    assert list(configs[0]["cluster"]) == ["worker"] and len(set(workers)) == 3
+    assert all(a.startswith("127.0.0.1:") for a in workers)
+    assert [c_["task"] for c_ in configs] == [{"type": "worker", "index": i} for i in range(3)]
+    assert all(c_["cluster"] == configs[0]["cluster"] for c_ in configs)
+    assert all("argv ['a', 'b']" in r.stderr for r in results)
+    with pytest.raises(cluster.ClusterError, match="worker 2"):
+        cluster.LocalCluster(num_ps=0, num_workers=3).run_workers([str(script)], check=True)
+
+
+def test_run_workers_kills_all_on_timeout_and_after_a_failure(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, subprocess, sys, time
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(child.pid, flush=True)
+        if index == 0 and sys.argv[1] == "fail":
+            sys.exit(5)
+        time.sleep(600)
+    """))
+    c = cluster.LocalCluster(num_ps=0, num_workers=2)
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterTimeout) as info:
+        c.run_workers([str(script), "hang"], timeout_s=3)
+    assert time.monotonic() - start < 20
+    results = info.value.results
+    assert [r.timed_out for r in results] == [True, True]
+    assert [r.returncode for r in results] == [-signal.SIGKILL] * 2
+    # The scripts and the processes they started are gone.
+    children = [int(r.stdout.split()[0]) for r in results]
+    assert wait_gone([r.pid for r in results] + children, timeout_s=10) == []
+    c.stop()
+
+    # One worker fails: the other (stuck, as in a collective) is killed after the grace.
+    c = cluster.LocalCluster(num_ps=0, num_workers=2)
+    c.start_workers([str(script), "fail"])
+    results = c.wait_workers(timeout_s=60, failure_grace_s=1)
+    c.stop()
+    assert [r.returncode for r in results] == [5, -signal.SIGKILL]
+    assert not any(r.timed_out for r in results)
