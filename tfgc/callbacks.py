@@ -1,4 +1,5 @@
 """Keras callbacks of tfgc."""
+from tfgc.mqgrad import MQGrad
 from tfgc.telemetry import TrafficLogger
 
-__all__ = ["TrafficLogger"]
+__all__ = ["MQGrad", "TrafficLogger"]

@@ -34,7 +34,13 @@ class Quantize(tf.Module, base.ReconstructingCodec):
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        bits = self._checked_bits()
+        return self._quantize(x, self._checked_bits())
+
+    def _quantize(self, x, bits):
+        """(payload, reconstruction) of floating `x` with `bits` (an int32 scalar in range).
+
+        Subclasses that choose the bits per tensor (MQGrad's "Adaptive" baseline) call this.
+        """
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         finite = base.all_finite(flat)
         nonempty = tf.size(flat) > 0

@@ -1,0 +1,663 @@
+"""MQGrad: a SARSA agent that learns how many bits to quantize gradients with.
+
+MQGrad (Cui et al., sections 3.2-3.3) runs a small Markov decision process next to
+training. Every T iterations the agent looks at the last T smoothed losses, is rewarded
+for how fast the loss fell per millisecond, and decides whether to keep the number of
+quantization bits or add one. Its action-value function is a 5 -> 10 -> 7 network
+trained online with SARSA.
+
+Three pieces live here:
+
+* `MQGradAgent`: the MDP and its learner, in numpy (a few microseconds per step). Its
+  whole state, the network, the smoothed loss, the pending window, the bits and the
+  random generator, is saved by `tf.train.Checkpoint` and restores exactly.
+* `MQGrad`: the tf_keras callback that feeds the agent the batch losses and wall (or
+  modelled) times of `model.fit`, and writes the agent's bits into a `Quantize` codec's
+  `bits` variable. Under ParameterServerStrategy it runs once, on the coordinator;
+  under MultiWorkerMirroredStrategy every worker runs it, and the workers all-reduce
+  their losses and times so that their agents stay identical (and check that they do).
+* `AdaptiveQuantize`: the "Adaptive" baseline the paper compares against (Oland & Raj
+  2015), which picks the bits of every tensor from the tensor itself.
+
+`TimeModel` charges each iteration compute time plus payload bytes / bandwidth, so that
+the trade-off MQGrad targets (fewer bits: faster iterations, noisier gradients) can be
+studied on one machine.
+"""
+import collections.abc
+import json
+import math
+import time
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from tfgc.codecs import base
+from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
+
+__all__ = [
+    "MQGrad", "MQGradAgent", "TimeModel", "AdaptiveQuantize", "smooth_losses",
+    "loss_slope", "reward", "adaptive_bits",
+]
+
+KEEP, ADD = 0, 1
+_STATE_VERSION = 1
+
+
+# --- the formulas ------------------------------------------------------------------------
+
+
+def smooth_losses(losses, previous, alpha):
+    """Eq. (1): exponential moving average over a window, chained across windows.
+
+    L̄_t^1 = alpha * L_t^1 + (1 - alpha) * L̄_{t-1}^T and
+    L̄_t^i = alpha * L_t^i + (1 - alpha) * L̄_t^{i-1} for 1 < i <= T.
+
+    Args:
+      losses: the window's T global losses, oldest first.
+      previous: L̄_{t-1}^T, the last smoothed value of the previous window.
+      alpha: the smoothing weight of the newest loss.
+
+    Returns:
+      The T smoothed losses as a float64 array.
+    """
+    smoothed = np.empty(len(losses), np.float64)
+    last = float(previous)
+    for i, loss in enumerate(losses):
+        last = alpha * float(loss) + (1.0 - alpha) * last
+        smoothed[i] = last
+    return smoothed
+
+
+def loss_slope(smoothed):
+    """β of the least-squares line β·i + b through the smoothed losses at i = 1..T."""
+    y = np.asarray(smoothed, np.float64)
+    if y.size < 2:
+        return 0.0
+    i = np.arange(1, y.size + 1, dtype=np.float64)
+    i -= i.mean()
+    return float(np.dot(i, y - y.mean()) / np.dot(i, i))
+
+
+def reward(smoothed, cost_ms, reward_scale):
+    """Eq. (2): R = -β · reward_scale / c, c the window's time in milliseconds.
+
+    A falling loss (β < 0) earns a positive reward, larger when it fell in less time.
+    """
+    if not cost_ms > 0:
+        raise ValueError(f"the time of a window must be positive, got {cost_ms} ms")
+    return -loss_slope(smoothed) * reward_scale / cost_ms
+
+
+# --- the agent ---------------------------------------------------------------------------
+
+
+class MQGradAgent(tf.Module):
+    """The MQGrad MDP (section 3.3, Algorithm 2) and its SARSA learner.
+
+    Call `observe(loss, cost_ms)` once per training iteration m = 0, 1, ... with the
+    global loss of that iteration and its time; it returns the bits to quantize with from
+    the next iteration on. On iterations with m % T == 0 it runs MDP step t = m // T:
+
+    1. The window's losses L_t (iterations (t-1)T+1 .. tT) are smoothed by Eq. (1) into
+       L̄_t, chaining from the last smoothed value of the previous window.
+    2. Transition, Eq. (3): s_t = [n_t, L̄_t] with n_t = n_{t-1} + argmax_a Q(s_{t-1}, a):
+       the state keeps the *greedy* choice, even when the action taken was exploratory.
+    3. Reward, Eq. (2): r_{t-1} = -β · reward_scale / c_t, β the least-squares slope of
+       L̄_t against 1..T and c_t the window's time in ms.
+    4. a_t is drawn epsilon-greedily from Q(s_t, ·).
+    5. SARSA: v += eta · [r_{t-1} + discount · Q(s_t, a_t) - Q(s_{t-1}, a_{t-1})] · ∂Q(s_{t-1}, a_{t-1})/∂v.
+    6. The workers get n_t + a_t bits for the next T iterations.
+
+    At t = 0 there is no window yet: L̄_{-1}^T is taken to be the first loss, so
+    L̄_0 = [L_0] * T, and there is no reward or update; only a_0 is drawn.
+
+    Q-network: the input is L̄_t (T values: the 5 input nodes of section 4.1 when T = 5);
+    one hidden ReLU layer (10 units); one linear output per bits level (7 for 2..8).
+    The paper's 7 outputs and its 2 actions are reconciled as Q(s, a) = output[n + a]:
+    the value of action a in state s is the output of the level it leads to. Action ADD
+    is not offered when n is already `max_bits`. Weights start Glorot-uniform (biases at
+    zero) from the agent's own generator.
+
+    Policy: as written in the paper, the greedy action is taken with probability
+    1 - epsilon and the other action with probability epsilon (not the textbook
+    "uniform with probability epsilon", which would pick the greedy one 1 - epsilon/2 of
+    the time).
+
+    Bits: the state's n_t never decreases. The bits sent, n_t + a_t, can drop back by one
+    after an exploratory ADD that the greedy policy did not endorse, because Eq. (3)
+    builds the next state from the greedy choice; that is the paper's rule, kept as is.
+
+    Discount and reward scale: the paper calls both gamma and sets gamma = 300. As a TD
+    discount 300 makes the values diverge (the backup multiplies them by 300 every step),
+    so the two are separate here: `reward_scale=300` multiplies the reward as in Eq. (2),
+    and `discount=0.9` (a bounded-value choice, as in DQN-era SARSA) discounts the
+    bootstrap.
+
+    Checkpoints: the agent is a `tf.Module` whose whole state is one string tensor (JSON,
+    floats written exactly), saved and restored by `tf.train.Checkpoint`. It holds no
+    tf.Variable, so it can live in any process and under any strategy scope.
+
+    Args:
+      T: iterations per MDP step.
+      initial_bits: n_0.
+      min_bits, max_bits: the bits levels (2..8 in the paper; 7 outputs).
+      alpha: smoothing weight of Eq. (1).
+      epsilon: exploration probability.
+      eta: SARSA step size.
+      discount: TD discount of the bootstrap term.
+      reward_scale: the reward's scale (the paper's gamma = 300 in Eq. (2)).
+      hidden_units: width of the hidden layer.
+      seed: seeds the network's initialization and the exploration draws (None: random).
+        Agents with equal arguments and seeds make identical decisions from identical
+        inputs.
+      name: module name.
+    """
+
+    def __init__(self, T=5, initial_bits=MIN_BITS, min_bits=MIN_BITS, max_bits=MAX_BITS,
+                 alpha=0.01, epsilon=0.1, eta=0.1, discount=0.9, reward_scale=300.0,
+                 hidden_units=10, seed=None, name=None):
+        super().__init__(name=name)
+        if int(T) < 1:
+            raise ValueError(f"T must be at least 1, got {T}")
+        if not MIN_BITS <= int(min_bits) <= int(max_bits) <= MAX_BITS:
+            raise ValueError(
+                f"need {MIN_BITS} <= min_bits <= max_bits <= {MAX_BITS}, got {min_bits}, {max_bits}")
+        if not int(min_bits) <= int(initial_bits) <= int(max_bits):
+            raise ValueError(f"initial_bits {initial_bits} outside [{min_bits}, {max_bits}]")
+        for label, value, low, high in (("alpha", alpha, 0, 1), ("epsilon", epsilon, 0, 1),
+                                        ("discount", discount, 0, 1)):
+            if not low <= value <= high:
+                raise ValueError(f"{label} must be in [{low}, {high}], got {value}")
+        if not eta > 0 or not reward_scale > 0 or int(hidden_units) < 1:
+            raise ValueError("eta and reward_scale must be positive and hidden_units >= 1")
+        self.config = dict(
+            T=int(T), initial_bits=int(initial_bits), min_bits=int(min_bits),
+            max_bits=int(max_bits), alpha=float(alpha), epsilon=float(epsilon),
+            eta=float(eta), discount=float(discount), reward_scale=float(reward_scale),
+            hidden_units=int(hidden_units))
+        self.seeded = seed is not None
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        levels = self.config["max_bits"] - self.config["min_bits"] + 1
+        self.params = {
+            "w1": _glorot(self._rng, self.config["T"], self.config["hidden_units"]),
+            "b1": np.zeros(self.config["hidden_units"]),
+            "w2": _glorot(self._rng, self.config["hidden_units"], levels),
+            "b2": np.zeros(levels),
+        }
+        self.iteration = 0            # m: iterations observed so far
+        self.t = 0                    # MDP steps taken so far
+        self.bits = self.config["initial_bits"]   # bits the workers use now
+        self.state_bits = None        # n_{t-1} of the last state
+        self.state_losses = None      # L̄_{t-1} of the last state
+        self.action = None            # a_{t-1}
+        self.smoothed = None          # L̄_{t-1}^T, where Eq. (1) chains from
+        self.pending_losses = []      # the current window's losses
+        self.pending_costs = []       # ... and times (ms)
+        self.last_step = None         # diagnostics of the last MDP step
+
+    # Keys of the state that change during training (the config does not).
+    _STATE_KEYS = ("iteration", "t", "bits", "state_bits", "state_losses", "action", "smoothed",
+                   "pending_losses", "pending_costs", "last_step")
+
+    @property
+    def T(self):  # noqa: N802 (the paper's name)
+        return self.config["T"]
+
+    # --- the Q-network ---
+
+    def q_values(self, losses):
+        """The network's outputs for smoothed losses L̄ (one per bits level)."""
+        hidden = np.maximum(self.params["w1"].T @ losses + self.params["b1"], 0.0)
+        return self.params["w2"].T @ hidden + self.params["b2"]
+
+    def q(self, state_bits, losses, action):
+        """Q(s, a) for s = [state_bits, losses]: the output of level state_bits + action."""
+        return float(self.q_values(losses)[self._level(state_bits + action)])
+
+    def q_gradient(self, state_bits, losses, action):
+        """∂Q(s, a)/∂v for every parameter v, as a dict like `params`."""
+        k = self._level(state_bits + action)
+        pre = self.params["w1"].T @ losses + self.params["b1"]
+        hidden = np.maximum(pre, 0.0)
+        back = self.params["w2"][:, k] * (pre > 0)
+        grads = {
+            "w1": np.outer(losses, back),
+            "b1": back,
+            "w2": np.zeros_like(self.params["w2"]),
+            "b2": np.zeros_like(self.params["b2"]),
+        }
+        grads["w2"][:, k] = hidden
+        grads["b2"][k] = 1.0
+        return grads
+
+    def actions(self, state_bits):
+        """The actions available in a state with `state_bits` bits."""
+        return (KEEP, ADD) if state_bits < self.config["max_bits"] else (KEEP,)
+
+    def greedy(self, state_bits, losses):
+        """argmax_a Q(s, a) over the available actions (ties: KEEP)."""
+        actions = self.actions(state_bits)
+        values = [self.q(state_bits, losses, a) for a in actions]
+        return actions[int(np.argmax(values))]
+
+    def policy(self, state_bits, losses):
+        """Epsilon-greedy: the greedy action with probability 1 - epsilon, else the other."""
+        greedy = self.greedy(state_bits, losses)
+        actions = self.actions(state_bits)
+        # One draw per decision, even without a choice, keeps the generator in step.
+        explore = self._rng.random() < self.config["epsilon"]
+        if explore and len(actions) > 1:
+            return ADD if greedy == KEEP else KEEP
+        return greedy
+
+    def _level(self, bits):
+        if not self.config["min_bits"] <= bits <= self.config["max_bits"]:
+            raise ValueError(f"bits {bits} outside [{self.config['min_bits']}, {self.config['max_bits']}]")
+        return bits - self.config["min_bits"]
+
+    # --- the MDP ---
+
+    def observe(self, loss, cost_ms, reduce=None):
+        """Records iteration m's loss and time; runs MDP step m // T when m % T == 0.
+
+        Args:
+          loss: the global loss of this iteration (a non-finite loss is replaced by the
+            last smoothed loss, i.e. it carries no information).
+          cost_ms: the iteration's time in milliseconds (wall time or a `TimeModel`'s).
+          reduce: optional `fn(losses, costs, bits) -> (losses, costs)` applied to the
+            window before an MDP step, e.g. a mean over workers whose agents must agree.
+
+        Returns:
+          The bits to quantize with from the next iteration on.
+        """
+        loss = float(loss)
+        if not math.isfinite(loss):
+            loss = self.smoothed if self.smoothed is not None else 0.0
+        self.pending_losses.append(loss)
+        self.pending_costs.append(float(cost_ms))
+        self.iteration += 1
+        if (self.iteration - 1) % self.T == 0:
+            losses, costs = self.pending_losses, self.pending_costs
+            if reduce is not None:
+                losses, costs = reduce(np.asarray(losses, np.float64),
+                                       np.asarray(costs, np.float64), self.bits)
+            self.pending_losses, self.pending_costs = [], []
+            self.step(np.asarray(losses, np.float64), float(np.sum(costs)))
+        return self.bits
+
+    def step(self, losses, cost_ms):
+        """One MDP step (Algorithm 2) on a full window; returns the bits to send.
+
+        Args:
+          losses: the window's global losses (T of them; one at t = 0).
+          cost_ms: the window's time c_t in milliseconds.
+        """
+        cfg = self.config
+        if self.state_bits is None:  # t = 0
+            self.smoothed = float(losses[0])
+            smoothed = np.full(self.T, self.smoothed)
+            state_bits = self.bits
+            r, delta, greedy_previous = None, None, None
+        else:
+            if len(losses) != self.T:
+                raise ValueError(f"an MDP step needs T={self.T} losses, got {len(losses)}")
+            smoothed = smooth_losses(losses, self.smoothed, cfg["alpha"])
+            self.smoothed = float(smoothed[-1])
+            # Eq. (3): the new state keeps the greedy choice made in the previous state.
+            greedy_previous = self.greedy(self.state_bits, self.state_losses)
+            state_bits = self.state_bits + greedy_previous
+            r = reward(smoothed, cost_ms, cfg["reward_scale"])
+        action = self.policy(state_bits, smoothed)
+        if r is not None:
+            target = r + cfg["discount"] * self.q(state_bits, smoothed, action)
+            delta = target - self.q(self.state_bits, self.state_losses, self.action)
+            grads = self.q_gradient(self.state_bits, self.state_losses, self.action)
+            for key, grad in grads.items():
+                self.params[key] = self.params[key] + cfg["eta"] * delta * grad
+        self.state_bits, self.state_losses, self.action = state_bits, smoothed, action
+        self.bits = state_bits + action
+        self.t += 1
+        self.last_step = {
+            "t": self.t - 1, "state_bits": state_bits, "action": action,
+            "greedy_previous": greedy_previous, "reward": r, "td_error": delta,
+            "cost_ms": cost_ms, "bits": self.bits, "slope": loss_slope(smoothed),
+        }
+        return self.bits
+
+    # --- checkpointing ---
+
+    def get_state(self):
+        """The agent's whole state as a JSON-serializable dict (floats kept exactly)."""
+        state = {key: _to_json(getattr(self, key)) for key in self._STATE_KEYS}
+        state.update(
+            version=_STATE_VERSION, config=_to_json(self.config),
+            params=_to_json(self.params),
+            rng=self._rng.bit_generator.state, seeded=self.seeded)
+        return state
+
+    def set_state(self, state):
+        """Restores a state from `get_state` (the config must match this agent's)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unknown MQGrad agent state version {state.get('version')}")
+        if state["config"] != _to_json(self.config):
+            raise ValueError(
+                f"checkpointed MQGrad agent has config {state['config']}, this one {self.config}")
+        for key in self._STATE_KEYS:
+            setattr(self, key, state[key])
+        if self.state_losses is not None:
+            self.state_losses = np.asarray(self.state_losses, np.float64)
+        self.params = {k: np.asarray(v, np.float64) for k, v in state["params"].items()}
+        self._rng.bit_generator.state = state["rng"]
+        self.seeded = state["seeded"]
+
+    def _serialize_to_tensors(self):
+        return {"state": tf.constant(json.dumps(self.get_state()))}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self.set_state(json.loads(restored_tensors["state"].numpy().decode()))
+        return tf.no_op()
+
+
+def _glorot(rng, fan_in, fan_out):
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=(fan_in, fan_out))
+
+
+def _to_json(value):
+    # tf.Module wraps dict and list attributes in trackable proxies: unwrap them too.
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, collections.abc.Mapping):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return value
+
+
+# --- time ----------------------------------------------------------------------------------
+
+
+class TimeModel:
+    """Charges an iteration compute time plus the time its payload takes on a link.
+
+    cost_ms = compute_ms (or the measured wall time when None)
+              + 1000 * bytes_per_step * (2 if round_trip else 1) / bandwidth
+
+    `round_trip` counts the server's reply as well: in Algorithm 1 (line 54) the server
+    quantizes the averaged gradient with the same bits and sends it back.
+
+    Args:
+      bandwidth: link bandwidth in bytes per second (the paper's cluster: 10 MB/s).
+      compute_ms: fixed compute time per iteration in ms, for runs that must not
+        depend on the machine's load; None charges the measured wall time.
+      round_trip: also charge the reply.
+    """
+
+    def __init__(self, bandwidth, compute_ms=None, round_trip=True):
+        if not bandwidth > 0:
+            raise ValueError(f"bandwidth must be positive bytes/s, got {bandwidth}")
+        if compute_ms is not None and compute_ms < 0:
+            raise ValueError(f"compute_ms must be >= 0, got {compute_ms}")
+        self.bandwidth = float(bandwidth)
+        self.compute_ms = compute_ms
+        self.round_trip = bool(round_trip)
+
+    def cost_ms(self, wall_ms, step_bytes):
+        """The modelled time of one iteration that sent `step_bytes` bytes upstream."""
+        compute = wall_ms if self.compute_ms is None else self.compute_ms
+        wire = step_bytes * (2 if self.round_trip else 1)
+        return float(compute) + 1000.0 * float(wire) / self.bandwidth
+
+
+# --- the callback --------------------------------------------------------------------------
+
+
+class MQGrad(tf_keras.callbacks.Callback):
+    """Lets an `MQGradAgent` choose a `Quantize` codec's bits during `model.fit`.
+
+    After every batch the callback recovers the batch loss from the logs (Keras logs the
+    epoch's running mean; the batch's own loss is (k+1)·mean_k - k·mean_{k-1}), measures
+    the batch's time (wall time from batch begin to end, or `time_model`'s), feeds both to
+    the agent and assigns the agent's bits to `codec.bits`. The batch logs get `bits`
+    (the bits the batch just used) and `mqgrad_ms` (the time charged).
+
+    The bits chosen at the end of batch m apply from batch m + 1: a Keras callback cannot
+    act between a batch's loss and its update. The paper's iteration indices are kept
+    (MDP step at m % T == 0, windows (t-1)T+1..tT), so each window's first loss comes
+    from an update made with the previous window's bits.
+
+    Distribution:
+
+    * ParameterServerStrategy (tf_keras `fit`): the callback runs once, on the
+      coordinator. Create the codec inside `strategy.scope()` so its `bits` variable lives
+      on a parameter server; every worker reads it there. Reading the loss waits for each
+      step to finish, so the bits assigned after step m are the ones every later step
+      reads (the paper's server also waits for every loss before it answers).
+    * MultiWorkerMirroredStrategy: every worker runs its own callback. At each MDP step
+      the workers all-reduce their window of losses and times (a mean: the paper's global
+      loss), so their agents, which must be built with the same `seed`, take identical
+      decisions; the same collective compares the bits every worker uses and raises if
+      they differ.
+
+    Args:
+      codec_or_optimizer: a `tfgc.codecs.Quantize` (with a `bits` variable), or a
+        `tfgc.DistributedOptimizer` whose compression is one; None: the model's optimizer.
+      T: iterations per MDP step.
+      time_model: a `TimeModel` charging compute + bytes / bandwidth; None: wall time.
+      loss_key: the logs entry holding the running mean loss.
+      agent: an `MQGradAgent` to use (for example one restored from a checkpoint);
+        exclusive with the agent arguments below.
+      **agent_kwargs: `MQGradAgent` arguments (initial_bits, alpha, epsilon, eta,
+        discount, reward_scale, min_bits, max_bits, hidden_units, seed).
+
+    Attributes:
+      agent: the `MQGradAgent`; save it with `tf.train.Checkpoint(agent=callback.agent)`.
+      trace: one dict per batch: the bits used, the loss, the time charged (ms).
+      steps: the agent's `last_step` dict of every MDP step, with the seconds it took.
+    """
+
+    def __init__(self, codec_or_optimizer=None, T=5, time_model=None, loss_key="loss",
+                 agent=None, **agent_kwargs):
+        super().__init__()
+        # Batch hooks under ParameterServerStrategy must take the logs as they come
+        # (RemoteValues); `_number` fetches what it reads.
+        self._supports_tf_logs = True
+        if agent is not None:
+            if agent_kwargs or T != agent.T:
+                raise ValueError("pass either an agent or agent arguments, not both")
+        else:
+            agent = MQGradAgent(T=T, **agent_kwargs)
+        self.agent = agent
+        self.time_model = time_model
+        self.loss_key = loss_key
+        self._target = codec_or_optimizer
+        self.codec = None
+        self._optimizer = None
+        self._bytes_by_bits = {}
+        self._multi_worker = False
+        self._previous_mean = None
+        self._batch_start = None
+        self.trace = []
+        self.steps = []
+
+    # --- setup ---
+
+    def _resolve(self):
+        target = self._target if self._target is not None else self.model.optimizer
+        optimizer = None
+        if isinstance(target, Quantize):
+            codec = target
+        else:
+            codec, optimizer = getattr(target, "compression", None), target
+        if not isinstance(codec, Quantize) or isinstance(codec, AdaptiveQuantize):
+            raise TypeError(
+                "MQGrad needs a tfgc.codecs.Quantize codec (or a DistributedOptimizer using "
+                f"one) whose bits it can set; got {type(target).__name__}")
+        if optimizer is None:
+            model_optimizer = getattr(self.model, "optimizer", None)
+            if getattr(model_optimizer, "compression", None) is codec:
+                optimizer = model_optimizer
+        return codec, optimizer
+
+    def on_train_begin(self, logs=None):
+        self.codec, self._optimizer = self._resolve()
+        strategy = self.model.distribute_strategy
+        self._multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if self._multi_worker and not self.agent.seeded:
+            raise ValueError(
+                "Under MultiWorkerMirroredStrategy every worker runs MQGrad: pass the same "
+                "seed= on every worker so that their agents make the same choices")
+        steps_per_execution = getattr(self.model, "_steps_per_execution", None)
+        if steps_per_execution is not None and int(steps_per_execution.numpy()) != 1:
+            raise ValueError("MQGrad needs one callback call per step: compile with "
+                             "steps_per_execution=1")
+        self._set_bits(self.agent.bits)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._previous_mean = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        wall_ms = 1000.0 * (time.perf_counter() - self._batch_start)
+        # Under ParameterServerStrategy the logs are one RemoteValue: fetching it waits
+        # for the step.
+        values = logs.fetch() if hasattr(logs, "fetch") else (logs or {})
+        if self.loss_key not in values:
+            raise KeyError(f"MQGrad reads the loss from logs[{self.loss_key!r}]; the logs "
+                           f"have {sorted(values)}")
+        mean = _number(values[self.loss_key])
+        if self._previous_mean is None:
+            loss = mean
+        else:
+            seen, previous = self._previous_mean
+            loss = ((batch + 1) * mean - seen * previous) / (batch + 1 - seen)
+        self._previous_mean = (batch + 1, mean)
+        used = self.agent.bits
+        cost = wall_ms
+        if self.time_model is not None:
+            cost = self.time_model.cost_ms(wall_ms, self.step_bytes(used))
+        started, steps_before = time.perf_counter(), self.agent.t
+        bits = self.agent.observe(loss, cost, self._all_reduce if self._multi_worker else None)
+        if self.agent.t != steps_before:
+            step = dict(self.agent.last_step, seconds=time.perf_counter() - started)
+            self.steps.append(step)
+        if bits != used:
+            self._set_bits(bits)
+        self.trace.append({"bits": used, "loss": loss, "ms": cost})
+        if isinstance(logs, dict):
+            logs["bits"] = used
+            logs["mqgrad_ms"] = cost
+
+    def _set_bits(self, bits):
+        self.codec.bits.assign(int(bits))
+
+    # --- bytes per step (for the time model) ---
+
+    def step_bytes(self, bits):
+        """Bytes one step pushes with `bits`: every trainable variable's payload.
+
+        Variables the optimizer does not compress count in full; the others count the
+        Quantize payload of their shape (its size does not depend on the values).
+        """
+        if bits not in self._bytes_by_bits:
+            total = 0
+            for variable in self.model.trainable_variables:
+                compresses = (self._optimizer.compresses(variable) if self._optimizer is not None
+                              else variable.dtype.is_floating)
+                if compresses:
+                    zeros = tf.zeros(variable.shape, variable.dtype)
+                    payload, _ = self.codec._quantize(zeros, tf.constant(bits, tf.int32))
+                    total += int(base.payload_nbytes(payload))
+                else:
+                    total += variable.shape.num_elements() * variable.dtype.size
+            self._bytes_by_bits[bits] = total
+        return self._bytes_by_bits[bits]
+
+    # --- agreement across workers (MultiWorkerMirroredStrategy) ---
+
+    def _all_reduce(self, losses, costs, bits):
+        """Mean of every worker's window; raises if the workers' bits differ."""
+        strategy = self.model.distribute_strategy
+        vector = tf.constant(np.concatenate([losses, costs, [bits]]), tf.float64)
+        per_replica = strategy.experimental_distribute_values_from_function(lambda _: vector)
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        mean = total.numpy() / strategy.num_replicas_in_sync
+        if mean[-1] != bits:
+            raise RuntimeError(
+                f"MQGrad agents disagree across workers: this one uses {bits} bits, the "
+                f"mean is {mean[-1]}; build every worker's MQGrad with the same arguments "
+                "and seed, and restore the same checkpoint on all of them")
+        n = len(losses)
+        return mean[:n], mean[n:2 * n]
+
+
+def _number(value):
+    """A Python float from a logs value: a number, a numpy value or a tensor."""
+    if hasattr(value, "fetch"):  # a RemoteValue
+        value = value.fetch()
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    return float(value)
+
+
+# --- the "Adaptive" baseline ----------------------------------------------------------------
+
+
+def adaptive_bits(x, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS):
+    """The fewest bits whose quantization noise is at most `rho` of x's power.
+
+    Uniform quantization of [min, max] with 2^k - 1 steps of width
+    Δ_k = (max - min) / (2^k - 1) adds noise of mean square Δ_k² / 12 (uniform error
+    in ±Δ_k / 2). The rule picks the smallest k in [min_bits, max_bits] with
+    Δ_k² / 12 <= rho · mean(x²), i.e. a signal-to-quantization-noise ratio of at least
+    1 / rho (20 dB for rho = 0.01):
+
+        k = ceil(log2(1 + (max - min) / sqrt(12 · rho · mean(x²)))), clipped.
+
+    Returns:
+      An int32 scalar tensor.
+    """
+    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+    finite = base.all_finite(flat) & (tf.size(flat) > 0)
+    flat = tf.where(finite, flat, tf.zeros_like(flat))
+    spread = tf.where(finite, tf.reduce_max(flat) - tf.reduce_min(flat), 0.0)
+    power = tf.where(finite, tf.reduce_mean(tf.square(flat)), 0.0)
+    levels = spread / tf.sqrt(12.0 * rho * tf.maximum(power, 1e-30))
+    bits = tf.math.ceil(tf.math.log(1.0 + levels) / math.log(2.0))
+    bits = tf.where(finite & (power > 0), bits, float(min_bits))
+    return tf.cast(tf.clip_by_value(bits, float(min_bits), float(max_bits)), tf.int32)
+
+
+class AdaptiveQuantize(Quantize):
+    """"Adaptive" (Oland & Raj 2015) as MQGrad's paper uses it: bits chosen per tensor.
+
+    Every tensor is quantized like `Quantize`, with the bits `adaptive_bits` picks from
+    the tensor's own range and mean square: the fewest bits whose uniform quantization
+    noise is at most `rho` times the gradient's power. The payload carries the bits, so
+    decoding needs nothing else. (Oland & Raj bound the quantization error relative to
+    the gradient; the exact threshold is not given in MQGrad's paper, hence `rho`.)
+
+    Args:
+      rho: the largest allowed ratio of quantization noise power to gradient power.
+      min_bits, max_bits: the allowed range.
+    """
+
+    def __init__(self, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS, name=None):
+        super().__init__(bits=max_bits, name=name)
+        if not rho > 0:
+            raise ValueError(f"rho must be positive, got {rho}")
+        if not MIN_BITS <= min_bits <= max_bits <= MAX_BITS:
+            raise ValueError(f"need {MIN_BITS} <= min_bits <= max_bits <= {MAX_BITS}")
+        self.rho, self.min_bits, self.max_bits = float(rho), int(min_bits), int(max_bits)
+
+    def get_config(self):
+        return {"rho": self.rho, "min_bits": self.min_bits, "max_bits": self.max_bits}
+
+    def encode_and_reconstruct(self, x):
+        x = base.check_floating(x, self.name)
+        return self._quantize(x, adaptive_bits(x, self.rho, self.min_bits, self.max_bits))
