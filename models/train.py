@@ -168,36 +168,71 @@ def _recorder_class():
     import tf_keras
 
     class Recorder(tf_keras.callbacks.Callback):
-        """Records time, loss, accuracy and push bytes after every step."""
+        """Records time, loss, accuracy and push bytes per step (or per epoch under PSS).
 
-        def __init__(self, steps_per_epoch, on_epoch=None):
+        tf_keras runs no batch-level callbacks under ParameterServerStrategy, so there
+        one row is written per Keras epoch (`--log-every` steps), with the optimizer's
+        push counters averaged over its steps and added to the epoch logs (progress
+        bar, TensorBoard), and the cluster's socket counters read.
+        """
+
+        def __init__(self, optimizer, steps_per_epoch, per_batch, cluster=None):
             super().__init__()
+            self.optimizer = optimizer
             self.steps_per_epoch = steps_per_epoch
-            self.rows = []
+            self.per_batch = per_batch
+            self.cluster = cluster
+            self.rows, self.socket_rows = [], []
             self.epoch = 0
             self.start = None
-            self.on_epoch = on_epoch
+            self._last_counters = None
+
+        def _counters(self):
+            return {k: int(v.numpy()) for k, v in self.optimizer.traffic.items()}
 
         def on_train_begin(self, logs=None):
             self.start = time.monotonic()
+            self._last_counters = self._counters()
+            self.read_sockets(0)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
-        def on_train_batch_end(self, batch, logs=None):
-            logs = logs or {}
-            row = {"step": self.epoch * self.steps_per_epoch + batch + 1,
-                   "time_s": time.monotonic() - self.start}
+        def _row(self, step, logs):
+            row = {"step": step, "time_s": time.monotonic() - self.start}
             for key in HISTORY_FIELDS[2:]:
-                value = logs.get(key)
+                value = (logs or {}).get(key)
                 row[key] = None if value is None else float(value)
             self.rows.append(row)
 
         def on_epoch_end(self, epoch, logs=None):
-            if self.on_epoch is not None:
-                self.on_epoch(epoch, logs)
+            step = (epoch + 1) * self.steps_per_epoch
+            if not self.per_batch:
+                counters = self._counters()
+                sent = (counters["push_bytes"] - self._last_counters["push_bytes"]) / self.steps_per_epoch
+                dense = (counters["push_dense_bytes"]
+                         - self._last_counters["push_dense_bytes"]) / self.steps_per_epoch
+                self._last_counters = counters
+                if logs is not None:
+                    logs.update(push_bytes=sent, push_dense_bytes=dense,
+                                compression_ratio=dense / sent if sent else 0.0)
+                self._row(step, logs)
+            self.read_sockets(step)
 
-    return Recorder
+        def read_sockets(self, step):
+            if self.cluster is not None:
+                rows = self.cluster.socket_bytes()
+                self.socket_rows.append({
+                    "step": step,
+                    "worker_to_ps": self.cluster.traffic_between("worker", "ps", rows=rows),
+                    "ps_to_worker": self.cluster.traffic_between("ps", "worker", rows=rows),
+                })
+
+    class BatchRecorder(Recorder):
+        def on_train_batch_end(self, batch, logs=None):
+            self._row(self.epoch * self.steps_per_epoch + batch + 1, logs)
+
+    return Recorder, BatchRecorder
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -235,6 +270,8 @@ def train(args):
     Returns:
       The summary dict (also written to <out>/summary.json by the chief).
     """
+    import gc
+
     import tensorflow as tf
     import tf_keras
 
@@ -249,13 +286,8 @@ def train(args):
     )
     _log(data.describe())
     codec = parse_compression(args.compression)
-    x_float = data.x_train[:5000].astype(np.float32) / 255.0
-    mean = x_float.mean(axis=(0, 1, 2)).astype(np.float32)
-    std = (x_float.std(axis=(0, 1, 2)) + 1e-3).astype(np.float32)
     steps_per_epoch = min(args.log_every, args.steps)
     epochs = max(1, -(-args.steps // steps_per_epoch))
-    is_chief = True
-    cluster = None
     summary = {
         "name": args.name, "model": args.model, "dataset_requested": args.dataset,
         "dataset": data.name, "substitute_for": data.substitute_for,
@@ -266,8 +298,7 @@ def train(args):
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "command": "python -m models.train " + " ".join(args.argv),
     }
-
-    loss = tf_keras.losses.SparseCategoricalCrossentropy()
+    is_chief, cluster = True, None
     if args.strategy == "ps":
         from tfgc import cluster as cluster_lib
 
@@ -276,102 +307,21 @@ def train(args):
             **_bandwidth_kwargs(args),
         ).start()
         strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
-        replicas = 1  # each update is one worker's batch
     elif args.strategy == "mwms":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        task = json.loads(os.environ["TF_CONFIG"])["task"]
-        is_chief = task["index"] == 0
-        replicas = strategy.num_replicas_in_sync
+        is_chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
     else:
         strategy = tf.distribute.get_strategy()
-        replicas = 1
     out = args.out if is_chief else tempfile.mkdtemp(prefix="tfgc-train-worker-")
     os.makedirs(out, exist_ok=True)
-
     try:
-        with strategy.scope():
-            model = build_model(args.model, data.num_classes, data.input_shape, args.weight_decay)
-            optimizer = make_optimizer(args, replicas, codec)
-            optimizer.build(model.trainable_variables)  # PSS: per-worker buffers before fit
-            model.compile(optimizer, loss, metrics=["accuracy"])
-        summary["parameters"] = int(model.count_params())
-        batch = args.batch_size * (replicas if args.strategy == "mwms" else 1)
-        train_ds = make_dataset(data.x_train, data.y_train, batch, mean, std,
-                                args.augment, args.seed)
-        if args.strategy == "mwms":
-            options = tf.data.Options()
-            options.experimental_distribute.auto_shard_policy = (
-                tf.data.experimental.AutoShardPolicy.DATA)
-            train_ds = train_ds.with_options(options)
-
-        socket_rows = []
-
-        def read_sockets(epoch, logs):
-            if cluster is not None:
-                rows = cluster.socket_bytes()
-                socket_rows.append({
-                    "step": (epoch + 1) * steps_per_epoch,
-                    "worker_to_ps": cluster.traffic_between("worker", "ps", rows=rows),
-                    "ps_to_worker": cluster.traffic_between("ps", "worker", rows=rows),
-                })
-
-        recorder = _recorder_class()(steps_per_epoch, on_epoch=read_sockets)
-        callbacks = [tfgc.callbacks.TrafficLogger(), recorder]
-        if args.tensorboard and _has_tensorboard():
-            callbacks.append(tf_keras.callbacks.TensorBoard(
-                os.path.join(out, "tensorboard"), update_freq="epoch", profile_batch=0,
-                write_graph=False))
-        before = None
-        if cluster is not None:
-            rows = cluster.socket_bytes()
-            before = {"worker_to_ps": cluster.traffic_between("worker", "ps", rows=rows),
-                      "ps_to_worker": cluster.traffic_between("ps", "worker", rows=rows)}
-        _log(f"training {args.model} ({summary['parameters']:,d} parameters) with "
-             f"{args.compression} under {args.strategy} for {summary['steps']} steps")
-        started = time.monotonic()
-        model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                  callbacks=callbacks, verbose=args.verbose)
-        summary["train_time_s"] = time.monotonic() - started
-
-        # Per-step figures: cumulative counters over the steps of fit.
-        rows = recorder.rows
-        times = np.diff([0.0] + [r["time_s"] for r in rows])
-        warm = times[min(len(times) - 1, 5):] if len(times) else times
-        summary["step_time_s"] = float(np.median(warm)) if len(warm) else None
-        for key in ("loss", "accuracy"):
-            tail = [r[key] for r in rows[-steps_per_epoch:] if r[key] is not None]
-            summary["final_train_" + key] = float(np.mean(tail)) if tail else None
-        counters = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
-        steps_done = max(1, len(rows))
-        summary["push_bytes_per_step"] = counters["push_bytes"] / steps_done
-        summary["push_dense_bytes_per_step"] = counters["push_dense_bytes"] / steps_done
-        summary["payload_ratio"] = (
-            counters["push_dense_bytes"] / counters["push_bytes"] if counters["push_bytes"] else None)
-        if cluster is not None:
-            after = socket_rows[-1] if socket_rows else before
-            summary["socket_worker_to_ps_bytes_per_step"] = (
-                after["worker_to_ps"] - before["worker_to_ps"]) / steps_done
-            summary["socket_ps_to_worker_bytes_per_step"] = (
-                after["ps_to_worker"] - before["ps_to_worker"]) / steps_done
-            summary["socket_bytes"] = socket_rows
-
-        test_model = model
-        if args.strategy == "ps":
-            # The test set is evaluated on the coordinator, on a copy of the trained weights.
-            test_model = build_model(args.model, data.num_classes, data.input_shape, 0.0)
-            test_model.set_weights(model.get_weights())
-            test_model.compile(tf_keras.optimizers.SGD(), loss, metrics=["accuracy"])
-        test_ds = make_dataset(data.x_test, data.y_test, 256, mean, std, False, args.seed,
-                               shuffle=False, repeat=False)
-        if args.strategy == "mwms":
-            test_ds = test_ds.with_options(options)
-        test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
-        summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
+        rows = _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary,
+                                 steps_per_epoch, epochs)
     finally:
         if cluster is not None:
-            import gc
-
-            # Drop the cluster functions while the servers still run (clean shutdown).
+            # Free the cluster functions while the servers still run: TensorFlow
+            # unregisters each on every task, and logs errors if they are gone.
+            tf_keras.backend.clear_session()
             gc.collect()
             cluster.stop(remove_logs=True)
 
@@ -379,7 +329,7 @@ def train(args):
         with open(os.path.join(out, "history.csv"), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
             writer.writeheader()
-            writer.writerows(recorder.rows)
+            writer.writerows(rows)
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         try:
@@ -389,9 +339,96 @@ def train(args):
         except ImportError as error:
             _log(f"no plot: {error}")
         _log(f"test accuracy {summary['test_accuracy']:.4f} on {data.name}"
-             + (f" (substitute for {data.substitute_for})" if data.substitute_for else "")
+             + (f" (SUBSTITUTE for {data.substitute_for})" if data.substitute_for else "")
              + f"; outputs in {out}")
     return summary
+
+
+def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_per_epoch,
+                      epochs):
+    """Builds, trains and tests the model under `strategy`; fills `summary`.
+
+    Returns the per-step (per-epoch under PSS) history rows.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    import tfgc
+
+    x_float = data.x_train[:5000].astype(np.float32) / 255.0
+    mean = x_float.mean(axis=(0, 1, 2)).astype(np.float32)
+    std = (x_float.std(axis=(0, 1, 2)) + 1e-3).astype(np.float32)
+    # Synchronous replicas scale the learning rate; a PS update is one worker's batch.
+    replicas = strategy.num_replicas_in_sync if args.strategy == "mwms" else 1
+    loss = tf_keras.losses.SparseCategoricalCrossentropy()
+    with strategy.scope():
+        model = build_model(args.model, data.num_classes, data.input_shape, args.weight_decay)
+        optimizer = make_optimizer(args, replicas, codec)
+        optimizer.build(model.trainable_variables)  # PSS: per-worker buffers before fit
+        model.compile(optimizer, loss, metrics=["accuracy"])
+    summary["parameters"] = int(model.count_params())
+    summary["lr_scaled"] = args.lr * replicas
+    train_ds = make_dataset(data.x_train, data.y_train, args.batch_size * replicas, mean, std,
+                            args.augment, args.seed)
+    options = tf.data.Options()
+    if args.strategy == "mwms":
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA)
+        train_ds = train_ds.with_options(options)
+
+    per_batch = args.strategy != "ps"
+    recorder = _recorder_class()[per_batch](optimizer, steps_per_epoch, per_batch, cluster)
+    callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
+    callbacks.append(recorder)
+    if args.tensorboard and _has_tensorboard():
+        callbacks.append(tf_keras.callbacks.TensorBoard(
+            os.path.join(out, "tensorboard"), update_freq="epoch", profile_batch=0,
+            write_graph=False))
+    _log(f"training {args.model} ({summary['parameters']:,d} parameters) with "
+         f"{args.compression} under {args.strategy} for {summary['steps']} steps")
+    started = time.monotonic()
+    model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
+              callbacks=callbacks, verbose=args.verbose)
+    summary["train_time_s"] = time.monotonic() - started
+
+    rows = recorder.rows
+    steps_done = summary["steps"]
+    # Step time: wall time per step after the first Keras epoch (tracing, warm-up).
+    if per_batch:
+        first_row = rows[min(len(rows), steps_per_epoch) - 1]
+    else:
+        first_row = rows[0]
+    later = steps_done - first_row["step"]
+    summary["step_time_s"] = (
+        (rows[-1]["time_s"] - first_row["time_s"]) / later if later > 0
+        else rows[-1]["time_s"] / steps_done)
+    for key in ("loss", "accuracy"):
+        tail = [r[key] for r in rows if r[key] is not None and r["step"] > steps_done - steps_per_epoch]
+        summary["final_train_" + key] = float(np.mean(tail)) if tail else None
+    counters = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
+    summary["push_bytes_per_step"] = counters["push_bytes"] / steps_done
+    summary["push_dense_bytes_per_step"] = counters["push_dense_bytes"] / steps_done
+    summary["payload_ratio"] = (
+        counters["push_dense_bytes"] / counters["push_bytes"] if counters["push_bytes"] else None)
+    if cluster is not None:
+        before, after = recorder.socket_rows[0], recorder.socket_rows[-1]
+        for key in ("worker_to_ps", "ps_to_worker"):
+            summary[f"socket_{key}_bytes_per_step"] = (after[key] - before[key]) / steps_done
+        summary["socket_bytes"] = recorder.socket_rows
+
+    test_model = model
+    if args.strategy == "ps":
+        # The test set is evaluated on the coordinator, on a copy of the trained weights.
+        test_model = build_model(args.model, data.num_classes, data.input_shape, 0.0)
+        test_model.set_weights(model.get_weights())
+        test_model.compile(tf_keras.optimizers.SGD(), loss, metrics=["accuracy"])
+    test_ds = make_dataset(data.x_test, data.y_test, 250, mean, std, False, args.seed,
+                           shuffle=False, repeat=False)
+    if args.strategy == "mwms":
+        test_ds = test_ds.with_options(options)
+    test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
+    summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
+    return rows
 
 
 # --- multi-worker launcher --------------------------------------------------------------
