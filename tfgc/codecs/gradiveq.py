@@ -1,0 +1,517 @@
+"""GradiVeQ (Yu et al., NeurIPS 2018): PCA vector quantization summed in the compressed domain.
+
+A convolution kernel's gradient, shape (H, W, D, F), is flattened as the paper's
+Fig. 3(a): the F gradients at one (h, w, d) are adjacent, then depth, then width, then
+height, which is exactly the row-major order of the (H, W, D, F) array. The flat
+gradient is cut into S slices of K adjacent values, K a multiple of F * D. Every slice
+m is compressed with a linear map learned by PCA (Eq. 3 and 5):
+
+    encode:  g'_n = U_d^T (g_n - mu / N)       (d numbers per K values)
+    decode:  g_hat = U_d (sum_n g'_n) + mu
+
+Because the map is affine with the mean split N ways, the sum of the N workers'
+encodings is the encoding of the summed gradient (Eq. 4): the all-reduce adds d-vectors
+and one decode follows. U_d (K x d) and mu (K) come from L_t samples of the *aggregated*
+slice: mu is their mean, U_d the d leading eigenvectors of their covariance, d the
+smallest with retained variance >= 1 - lambda (Eq. 6). With reuse factor s, slices
+are grouped s at a time and each group uses the compressor of its first slice (the
+paper's s = infinity, one compressor per layer, is the default).
+
+Training follows the paper's schedule per layer: `warmup_steps` uncompressed steps, then
+cycles of `sampling_steps` (L_t) steps aggregated with 4-bit QSGD whose decoded sums are
+the PCA samples, and `compressed_steps` (L_c) steps of GradiVeQ. Optionally a
+compressed phase ends early when a majority of workers see a local relative compression
+loss (Eq. 7) above `early_stop_loss`.
+
+`GradiVeQ(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
+for each compressed variable) returns the per-layer `GradiVeQLayer`, a `tf.Module`
+whose state (U_d, mu, d, phase, counters, samples) lives in tf.Variables that every
+replica updates identically from the same aggregated values, so it is checkpointed with
+the optimizer. Variables that are not 4-D pass through uncompressed, as in the paper.
+
+Static shapes: d changes at every PCA refresh, but the payload is sliced to the current
+d at run time (`U[:, :d]`, d read from a variable), so nothing is retraced and the wire
+carries exactly S * d floats. U is stored padded to d_max = min(K, L_t) columns, the
+most PCA over L_t samples can use. Collectives cannot sit inside `tf.cond` under
+MultiWorkerMirroredStrategy (`ReplicaContext.all_reduce` is a merge call there), so
+`all_reduce` issues the same two collectives every step, one all-reduce (float32) and
+one all-gather (int32) whose lengths depend on the phase; the one a phase does not need
+carries a single word, since TensorFlow's collectives crash on empty tensors.
+"""
+import tensorflow as tf
+
+from tfgc.codecs import base, bitpack, identity
+from tfgc.codecs.stochastic import QSGD
+
+WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
+PHASES = ("warmup", "sampling", "compressed")
+
+
+class GradiVeQ(base.Codec):
+    """GradiVeQ settings; `bind(variable)` makes the per-layer compressor.
+
+    Args:
+      loss_threshold: lambda of Eq. 6: d is the smallest dimension that keeps at least
+        1 - lambda of the samples' variance.
+      slice_multiple: K = slice_multiple * F * D values per slice; must divide H * W.
+        None: the kernel width W (the paper's 768 = 3 * 16 * 16 for (3, 3, 16, 16)).
+      reuse: compressor reuse factor s: consecutive slices sharing one compressor,
+        computed from the first of them. None: one per layer (s = infinity).
+      warmup_steps: uncompressed steps before the first sampling phase (paper: 2500).
+      sampling_steps: L_t, QSGD-aggregated steps whose sums are the PCA samples
+        (paper: 100); at least 2. d can be at most min(K, L_t).
+      compressed_steps: L_c, GradiVeQ steps between two sampling phases (paper: 400).
+      early_stop_loss: None, or a relative loss ||g - g_hat||^2 / ||g||^2 (Eq. 7,
+        computed by each worker on its own gradient) above which a worker votes to end
+        the compressed phase; a majority of votes ends it after this step.
+      sampling_bits: QSGD bits during sampling (paper: 4); None aggregates the samples
+        uncompressed (fp32), as in the paper's section 2.
+      sampling_bucket_size: QSGD bucket size during sampling.
+      seed: seed for QSGD's stochastic rounding (None: nondeterministic).
+
+    Use with `tfgc.DistributedOptimizer(..., error_feedback=False)` to follow the
+    paper (under Mirrored/MultiWorkerMirroredStrategy the codec owns the aggregation
+    and error feedback is not applied anyway).
+    """
+
+    summable = True
+
+    def __init__(
+        self,
+        loss_threshold=0.01,
+        slice_multiple=None,
+        reuse=None,
+        warmup_steps=2500,
+        sampling_steps=100,
+        compressed_steps=400,
+        early_stop_loss=None,
+        sampling_bits=4,
+        sampling_bucket_size=512,
+        seed=None,
+    ):
+        if not 0.0 <= float(loss_threshold) < 1.0:
+            raise ValueError(f"GradiVeQ loss_threshold must be in [0, 1), got {loss_threshold}")
+        if slice_multiple is not None and int(slice_multiple) < 1:
+            raise ValueError(f"GradiVeQ slice_multiple must be >= 1, got {slice_multiple}")
+        if reuse is not None and int(reuse) < 1:
+            raise ValueError(f"GradiVeQ reuse must be >= 1 or None, got {reuse}")
+        if int(warmup_steps) < 0:
+            raise ValueError(f"GradiVeQ warmup_steps must be >= 0, got {warmup_steps}")
+        if int(sampling_steps) < 2:
+            raise ValueError(f"GradiVeQ sampling_steps (L_t) must be >= 2, got {sampling_steps}")
+        if int(compressed_steps) < 1:
+            raise ValueError(f"GradiVeQ compressed_steps (L_c) must be >= 1, got {compressed_steps}")
+        if early_stop_loss is not None and float(early_stop_loss) <= 0:
+            raise ValueError(f"GradiVeQ early_stop_loss must be > 0 or None, got {early_stop_loss}")
+        if sampling_bits is not None:
+            QSGD(bits=sampling_bits, bucket_size=sampling_bucket_size, seed=0)  # validates them
+        self.loss_threshold = float(loss_threshold)
+        self.slice_multiple = None if slice_multiple is None else int(slice_multiple)
+        self.reuse = None if reuse is None else int(reuse)
+        self.warmup_steps = int(warmup_steps)
+        self.sampling_steps = int(sampling_steps)
+        self.compressed_steps = int(compressed_steps)
+        self.early_stop_loss = None if early_stop_loss is None else float(early_stop_loss)
+        self.sampling_bits = None if sampling_bits is None else int(sampling_bits)
+        self.sampling_bucket_size = int(sampling_bucket_size)
+        self.seed = seed
+
+    def get_config(self):
+        return {
+            "loss_threshold": self.loss_threshold,
+            "slice_multiple": self.slice_multiple,
+            "reuse": self.reuse,
+            "warmup_steps": self.warmup_steps,
+            "sampling_steps": self.sampling_steps,
+            "compressed_steps": self.compressed_steps,
+            "early_stop_loss": self.early_stop_loss,
+            "sampling_bits": self.sampling_bits,
+            "sampling_bucket_size": self.sampling_bucket_size,
+            "seed": self.seed,
+        }
+
+    def bind(self, variable, name=None):
+        """The compressor for `variable`: a `GradiVeQLayer` for 4-D (conv) kernels,
+        `NoCompression()` for anything else (the paper compresses conv layers only)."""
+        shape = tf.TensorShape(variable.shape)
+        if shape.rank != 4 or not shape.is_fully_defined():
+            return identity.NoCompression()
+        if name is None:
+            name = "gradiveq_" + "".join(
+                c if c.isalnum() else "_" for c in getattr(variable, "name", "kernel").split(":")[0]
+            )
+        return GradiVeQLayer(self, shape, name=name)
+
+    def encode(self, x):
+        raise RuntimeError(
+            "GradiVeQ keeps a compressor per layer: call codec.bind(variable) and use the "
+            "returned GradiVeQLayer (tfgc.DistributedOptimizer does this for you)"
+        )
+
+    def decode(self, payload):
+        self.encode(None)
+
+
+class GradiVeQLayer(tf.Module, base.Codec):
+    """GradiVeQ's compressor and schedule for one (H, W, D, F) convolution kernel.
+
+    Made by `GradiVeQ.bind`. Under Mirrored/MultiWorkerMirroredStrategy the optimizer
+    calls `all_reduce` (the codec owns the aggregation). Elsewhere (one process, or
+    ParameterServerStrategy) it is used as a codec: `encode` on the sender, `decode` on
+    the receiver; `decode` is where the schedule advances (one call is one step) and
+    where the sampling phase's decoded gradients become PCA samples, since the receiver
+    is the one that sees what was aggregated. Payloads are
+    {"phase", "dense", "coefficients", "qsgd_data", "qsgd_norms"} (+ "votes" with early
+    stopping); the tensors a phase does not use are empty.
+
+    Attributes (Python ints): kernel_shape, slice_size (K), num_slices (S), reuse (s),
+    num_groups (G = ceil(S / s), compressors per layer), max_dim (d_max).
+    State (tf.Variables): step, phase, phase_step, dim (d), basis (U, [G, K, d_max]),
+    mean (mu, [G, K]), samples ([L_t, G, K]), retained ([G], variance kept by d at the
+    last refresh), refreshes, early_stops.
+    """
+
+    summable = True
+
+    def __init__(self, settings, kernel_shape, name="gradiveq"):
+        tf.Module.__init__(self, name=name)
+        self.settings = settings
+        self.kernel_shape = [int(n) for n in kernel_shape]
+        h, w, depth, filters = self.kernel_shape
+        multiple = settings.slice_multiple or w
+        if (h * w) % multiple:
+            raise ValueError(
+                f"GradiVeQ slice_multiple={multiple} must divide H * W = {h * w} for kernel "
+                f"{tuple(self.kernel_shape)} (K = slice_multiple * F * D)"
+            )
+        self.num_elements = h * w * depth * filters
+        self.slice_size = multiple * filters * depth
+        self.num_slices = self.num_elements // self.slice_size
+        self.reuse = min(settings.reuse or self.num_slices, self.num_slices)
+        self.num_groups = -(-self.num_slices // self.reuse)
+        self.max_dim = min(self.slice_size, settings.sampling_steps)
+        self.sampler = None
+        if settings.sampling_bits is not None:
+            self.sampler = _SeededQSGD(settings.sampling_bits, settings.sampling_bucket_size)
+        self._seed = settings.seed
+        g, k = self.num_groups, self.slice_size
+        first = WARMUP if settings.warmup_steps > 0 else SAMPLING
+        with self.name_scope:
+            self.step = _state(tf.constant(0, tf.int64), "step")
+            self.phase = _state(tf.constant(first, tf.int32), "phase")
+            self.phase_step = _state(tf.constant(0, tf.int32), "phase_step")
+            self.dim = _state(tf.constant(self.max_dim, tf.int32), "dim")
+            self.basis = _state(tf.zeros([g, k, self.max_dim]), "basis")
+            self.mean = _state(tf.zeros([g, k]), "mean")
+            self.samples = _state(tf.zeros([settings.sampling_steps, g, k]), "samples")
+            self.retained = _state(tf.zeros([g]), "retained")
+            self.refreshes = _state(tf.constant(0, tf.int64), "refreshes")
+            self.early_stops = _state(tf.constant(0, tf.int64), "early_stops")
+
+    def get_config(self):
+        return self.settings.get_config()
+
+    # --- slicing and the linear map (Eq. 3, 5) -------------------------------------------
+
+    def slices(self, x):
+        """[H, W, D, F] -> [S, K] float32: row-major order is Fig. 3(a)'s flattening."""
+        return tf.reshape(tf.cast(x, tf.float32), [self.num_slices, self.slice_size])
+
+    def _grouped(self, rows):
+        """[S, c] -> [G, s, c], zero rows padding the last group."""
+        pad = self.num_groups * self.reuse - self.num_slices
+        rows = tf.pad(rows, [[0, pad], [0, 0]])
+        return tf.reshape(rows, [self.num_groups, self.reuse, -1])
+
+    def _ungrouped(self, grouped):
+        return tf.reshape(grouped, [self.num_groups * self.reuse, -1])[: self.num_slices]
+
+    def compress(self, slices, num_workers=1):
+        """Eq. 3: [S, K] slices -> [S, d] coefficients U_d^T (g - mu / N)."""
+        basis = self.basis[:, :, : self.dim.read_value()]
+        centered = self._grouped(slices) - self.mean[:, None, :] / tf.cast(num_workers, tf.float32)
+        return self._ungrouped(tf.einsum("gsk,gkd->gsd", centered, basis))
+
+    def decompress(self, coefficients, num_workers=1):
+        """Eq. 5 (Eq. 7's local form for num_workers > 1): [S, d] -> [S, K] slices
+        U_d g' + mu / num_workers."""
+        basis = self.basis[:, :, : tf.shape(coefficients)[1]]
+        grouped = tf.einsum("gsd,gkd->gsk", self._grouped(coefficients), basis)
+        return self._ungrouped(grouped + self.mean[:, None, :] / tf.cast(num_workers, tf.float32))
+
+    # --- the codec face (one process, ParameterServerStrategy) ---------------------------
+
+    def encode(self, x):
+        return self._encode(x, num_workers=1)
+
+    def encode_and_reconstruct(self, x):
+        payload = self._encode(x, num_workers=1)
+        return payload, self._reconstruct(payload)
+
+    def decode(self, payload):
+        """Decodes `payload` and advances the schedule by one step (see the class doc)."""
+        total = self._reconstruct(payload)
+        votes = payload.get("votes")
+        votes = tf.reduce_sum(votes) if votes is not None else tf.constant(0.0)
+        with tf.control_dependencies([self._advance(payload["phase"], total, votes, 1)]):
+            return tf.identity(total)
+
+    def _encode(self, x, num_workers):
+        x = base.check_floating(x, self.name)
+        self._check_shape(x)
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        phase = self.phase.read_value()
+        empty_f, empty_u8 = tf.zeros([0]), tf.zeros([0], tf.uint8)
+
+        def warm():
+            return flat, empty_f, empty_u8, empty_f, empty_f
+
+        def sample():
+            if self.sampler is None:
+                return warm()
+            data, norms = self._qsgd_encode(flat)
+            return empty_f, empty_f, data, norms, empty_f
+
+        def compressed():
+            coefficients, vote = self._compress_and_vote(flat, num_workers)
+            return empty_f, tf.reshape(coefficients, [-1]), empty_u8, empty_f, vote
+
+        dense, coefficients, data, norms, votes = tf.switch_case(phase, [warm, sample, compressed])
+        payload = {
+            "phase": phase,
+            "dense": tf.cast(dense, x.dtype),
+            "coefficients": coefficients,
+            "qsgd_data": data,
+            "qsgd_norms": norms,
+        }
+        if self.settings.early_stop_loss is not None:
+            payload["votes"] = votes
+        return payload
+
+    def _reconstruct(self, payload):
+        """What `decode` returns for `payload`, without advancing the schedule."""
+        dtype = payload["dense"].dtype
+
+        def warm():
+            return tf.cast(payload["dense"], tf.float32)
+
+        def sample():
+            if self.sampler is None:
+                return warm()
+            return self.sampler.decode_parts(payload["qsgd_data"], payload["qsgd_norms"],
+                                             self.num_elements)
+
+        def compressed():
+            coefficients = tf.reshape(payload["coefficients"], [self.num_slices, -1])
+            return tf.reshape(self.decompress(coefficients), [-1])
+
+        flat = tf.switch_case(payload["phase"], [warm, sample, compressed])
+        return tf.cast(tf.reshape(flat, self.kernel_shape), dtype)
+
+    # --- the all-reduce face (Mirrored / MultiWorkerMirroredStrategy) ---------------------
+
+    def all_reduce(self, gradient, replica_context):
+        """Sums every replica's `gradient` as the current phase says; advances the schedule.
+
+        Returns:
+          (the decoded sum, in gradient's shape and dtype, bytes this replica sent as
+          payload: its all-reduce and all-gather inputs).
+        """
+        gradient = base.check_floating(gradient, self.name)
+        self._check_shape(gradient)
+        ctx = replica_context
+        n = ctx.num_replicas_in_sync
+        flat = tf.reshape(tf.cast(gradient, tf.float32), [-1])
+        phase = self.phase.read_value()
+        one_float, one_word = tf.zeros([1]), tf.zeros([1], tf.int32)
+        data_bytes = self._qsgd_data_bytes()
+
+        def warm():
+            return flat, one_word
+
+        def sample():
+            if self.sampler is None:
+                return warm()
+            data, norms = self._qsgd_encode(flat, ctx.replica_id_in_sync_group)
+            data = tf.pad(data, [[0, -data_bytes % 4]])
+            words = tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
+            return one_float, tf.concat([words, tf.bitcast(norms, tf.int32)], 0)
+
+        def compressed():
+            coefficients, vote = self._compress_and_vote(flat, n)
+            return tf.concat([tf.reshape(coefficients, [-1]), vote], 0), one_word
+
+        # Collectives stay outside tf.cond (see the module doc); only their sizes change.
+        send_floats, send_words = tf.switch_case(phase, [warm, sample, compressed])
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, send_floats)
+        gathered = ctx.all_gather(send_words, axis=0)
+
+        def warm_sum():
+            return summed
+
+        def sample_sum():
+            if self.sampler is None:
+                return summed
+            rows = tf.reshape(gathered, [n, -1])
+            words = (data_bytes + 3) // 4
+            total = tf.zeros([self.num_elements])
+            for r in range(n):  # the same order on every replica: identical sums
+                data = tf.reshape(tf.bitcast(rows[r, :words], tf.uint8), [-1])[:data_bytes]
+                norms = tf.bitcast(rows[r, words:], tf.float32)
+                total += self.sampler.decode_parts(data, norms, self.num_elements)
+            return total
+
+        def compressed_sum():
+            coefficients = tf.reshape(summed[:-1], [self.num_slices, -1])
+            return tf.reshape(self.decompress(coefficients), [-1])
+
+        total = tf.switch_case(phase, [warm_sum, sample_sum, compressed_sum])
+        votes = tf.where(phase == COMPRESSED, summed[-1], 0.0)
+        with tf.control_dependencies([self._advance(phase, total, votes, n)]):
+            total = tf.identity(tf.cast(tf.reshape(total, self.kernel_shape), gradient.dtype))
+        nbytes = 4 * (tf.size(send_floats, out_type=tf.int64) + tf.size(send_words, out_type=tf.int64))
+        return total, nbytes
+
+    # --- schedule and PCA -----------------------------------------------------------------
+
+    def _compress_and_vote(self, flat, num_workers):
+        """Coefficients of this worker's gradient and its early-stop vote ([1] float)."""
+        slices = tf.reshape(flat, [self.num_slices, self.slice_size])
+        coefficients = self.compress(slices, num_workers)
+        if self.settings.early_stop_loss is None:
+            return coefficients, tf.zeros([1])
+        # Eq. 7 relative to the gradient's energy: what this worker alone would lose.
+        error = slices - self.decompress(coefficients, num_workers)
+        loss = tf.reduce_sum(tf.square(error)) / tf.maximum(tf.reduce_sum(tf.square(slices)), 1e-30)
+        return coefficients, tf.cast(tf.reshape(loss > self.settings.early_stop_loss, [1]), tf.float32)
+
+    def _advance(self, phase, total, votes, num_workers):
+        """Moves the schedule one step on, storing `total` as a sample when sampling."""
+        settings = self.settings
+        step = self.phase_step.read_value()
+        total = tf.cast(total, tf.float32)
+        finite = base.all_finite(total)
+
+        def warm():
+            done = step + 1 >= settings.warmup_steps
+            return tf.where(done, SAMPLING, WARMUP), tf.where(done, 0, step + 1)
+
+        def sample():
+            def store():
+                first = self._grouped(tf.reshape(total, [self.num_slices, self.slice_size]))[:, 0]
+                self.samples.assign(tf.tensor_scatter_nd_update(self.samples, [[step]], first[None]))
+                return step + 1
+
+            # A non-finite sum is a failed step, not a sample.
+            taken = tf.cond(finite, store, lambda: step)
+            done = taken >= settings.sampling_steps
+            refreshed = tf.cond(done, self.refresh, lambda: tf.constant(False))
+            with tf.control_dependencies([refreshed]):
+                return tf.where(done, COMPRESSED, SAMPLING), tf.where(done, 0, taken)
+
+        def compressed():
+            stop = 2.0 * votes > float(num_workers)
+            done = step + 1 >= settings.compressed_steps
+            self.early_stops.assign_add(tf.cast(stop & ~done, tf.int64))
+            return tf.where(stop | done, SAMPLING, COMPRESSED), tf.where(stop | done, 0, step + 1)
+
+        next_phase, next_step = tf.switch_case(phase, [warm, sample, compressed])
+        return tf.group(
+            self.phase.assign(next_phase),
+            self.phase_step.assign(next_step),
+            self.step.assign_add(1),
+        )
+
+    def refresh(self):
+        """PCA over the stored samples: sets mu, U_d and d (Eq. 6). Returns True.
+
+        The covariance's eigenvectors are the right singular vectors of the centred
+        [L_t, K] sample matrix; they are computed from its L_t x L_t Gram matrix in
+        float64, which costs O(L_t^2 K) instead of an SVD of the K x K covariance.
+        """
+        samples = tf.cast(tf.transpose(self.samples, [1, 0, 2]), tf.float64)  # [G, L, K]
+        mean = tf.reduce_mean(samples, axis=1)
+        centred = samples - mean[:, None, :]
+        gram = tf.matmul(centred, centred, transpose_b=True)  # [G, L, L]
+        eigenvalues, eigenvectors = tf.linalg.eigh(gram)  # ascending
+        eigenvalues = tf.reverse(tf.maximum(eigenvalues, 0.0), [-1])[:, : self.max_dim]
+        eigenvectors = tf.reverse(eigenvectors, [-1])[:, :, : self.max_dim]
+        singular = tf.sqrt(eigenvalues)
+        usable = singular > 1e-9 * tf.maximum(singular[:, :1], 1e-300)
+        basis = tf.matmul(centred, eigenvectors, transpose_a=True)  # [G, K, d_max]
+        basis = tf.where(usable[:, None, :], basis / tf.where(usable, singular, 1.0)[:, None, :], 0.0)
+        energy = tf.reduce_sum(tf.square(centred), axis=[1, 2])
+        kept = tf.cumsum(eigenvalues, axis=-1) / tf.maximum(energy, 1e-300)[:, None]
+        # Eq. 6 per group; the layer uses the largest d so all slices share one length.
+        dims = 1 + tf.reduce_sum(tf.cast(kept < 1.0 - self.settings.loss_threshold, tf.int32), axis=-1)
+        dim = tf.minimum(tf.reduce_max(dims), self.max_dim)
+        retained = tf.where(energy > 0, tf.gather(kept, dim - 1, axis=-1), 1.0)
+        updates = [
+            self.mean.assign(tf.cast(mean, tf.float32)),
+            self.basis.assign(tf.cast(basis, tf.float32)),
+            self.dim.assign(dim),
+            self.retained.assign(tf.cast(retained, tf.float32)),
+            self.refreshes.assign_add(1),
+        ]
+        with tf.control_dependencies(updates):
+            return tf.constant(True)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _check_shape(self, x):
+        if not x.shape.is_compatible_with(self.kernel_shape):
+            raise ValueError(
+                f"{self.name} was bound to a kernel of shape {self.kernel_shape}, got {x.shape}"
+            )
+
+    def _qsgd_encode(self, flat, replica=0):
+        seed = tf.stack([tf.cast(self.step.read_value(), tf.int64), tf.cast(replica, tf.int64)])
+        if self._seed is not None:
+            seed = tf.stack([seed[0] * 7919 + int(self._seed), seed[1]])
+        else:
+            seed = tf.stack([seed[0], seed[1] + tf.random.uniform([], 0, 2**31 - 1, tf.int64)])
+        return self.sampler.encode_parts(flat, seed)
+
+    def _qsgd_data_bytes(self):
+        return (self.num_elements * (self.settings.sampling_bits or 0) + 7) // 8
+
+
+class _SeededQSGD(QSGD):
+    """QSGD whose rounding draws are stateless in a seed (no generator variable to
+    keep in sync across replicas), exposing its payload's parts."""
+
+    def __init__(self, bits, bucket_size):
+        super().__init__(bits=bits, bucket_size=bucket_size, seed=0)
+        self._draw_seed = None
+
+    def uniform(self, shape):
+        return tf.random.stateless_uniform(shape, seed=self._draw_seed)
+
+    def encode_parts(self, flat, seed):
+        self._draw_seed = seed
+        try:
+            payload = self.encode(flat)
+        finally:
+            self._draw_seed = None
+        return payload["data"], tf.cast(payload["norms"], tf.float32)
+
+    def decode_parts(self, data, norms, n):
+        return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)})
+
+
+def _state(initial_value, name):
+    """A compressor state variable that each replica updates on its own copy.
+
+    Every replica applies the same update to the same aggregated values, so the copies
+    stay equal without communication; checkpoints keep the first replica's copy.
+    """
+    strategy = tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync > 1 and not isinstance(
+        strategy, tf.distribute.experimental.ParameterServerStrategy
+    ):
+        return tf.Variable(
+            initial_value, trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+    return tf.Variable(initial_value, trainable=False, name=name)
