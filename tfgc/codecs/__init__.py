@@ -14,9 +14,11 @@
 | FastSGD(b, tau, l)    | FastSGD       | 8 per kept value + key bits | no       | no         |
 | Quantize(bits)        | MQGrad        | bits (2..8, run-time)       | no       | no         |
 | QSGD(bits)            | GradiVeQ      | bits                        | no       | yes        |
+| GradiVeQ(lambda, ...) | GradiVeQ      | 32 d / K (conv kernels)     | yes      | no         |
 """
 from tfgc.codecs.base import Codec, StochasticCodec, payload_nbytes
 from tfgc.codecs.fastsgd import FastSGD
+from tfgc.codecs.gradiveq import GradiVeQ
 from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.codecs.logquant import LogQuant
 from tfgc.codecs.onebit import OneBit
@@ -28,7 +30,7 @@ from tfgc.codecs.threelc import ThreeLC
 _CODECS = {
     cls.__name__: cls
     for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
-                LogQuant, FastSGD, Quantize, QSGD)
+                LogQuant, FastSGD, Quantize, QSGD, GradiVeQ)
 }
 
 
@@ -50,4 +52,5 @@ __all__ = [
     "Codec", "StochasticCodec", "payload_nbytes", "serialize", "deserialize",
     "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary", "OneBit",
     "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "QSGD",
+    "GradiVeQ",
 ]
