@@ -1,0 +1,98 @@
+"""FastSGD's workloads: generalized linear models on sparse input, and its MLP.
+
+Linear regression, logistic regression and SVM with the losses of FastSGD's Table III,
+trained with Adam (beta1 0.9, beta2 0.999, eps 1e-8) as the paper does:
+
+    linear:    (y - w.x)^2             + lambda/2 ||w||^2
+    logistic:  log(1 + exp(-y w.x))    + lambda/2 ||w||^2
+    svm:       max(0, 1 - y w.x)       + lambda/2 ||w||^2      (labels y in {-1, +1})
+
+The losses are averaged over the batch (the paper sums; only the learning rate's scale
+differs). The weight gradient is a `tf.IndexedSlices` over the features present in the
+batch, what FastSGD's key encoder compresses. To keep it sparse the L2 penalty is
+applied to those features' weights only ("lazy" regularization, the usual choice for
+sparse models; with lambda = 0.01 on all of w every gradient would be dense).
+
+`fastsgd_mlp` is the MLP of section 4.4 (7x7 inputs, two hidden layers of 100, 5
+outputs).
+"""
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+LOSSES = ("linear", "logistic", "svm")
+
+
+class SparseLinearModel(tf.Module):
+    """w.x + b over sparse features, with one of FastSGD's Table III losses.
+
+    Args:
+      num_features: dimension D of the input.
+      loss: "linear", "logistic" or "svm".
+      l2: lambda of the L2 penalty (the paper's 0.01), on the batch's features.
+    """
+
+    def __init__(self, num_features, loss="logistic", l2=0.01, name=None):
+        super().__init__(name=name or f"sparse_{loss}")
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        self.loss_name = loss
+        self.l2 = float(l2)
+        self.w = tf.Variable(tf.zeros([num_features]), name="w")
+        self.b = tf.Variable(0.0, name="b")
+
+    def margins(self, x):
+        """w.x + b for a `tf.SparseTensor` x of shape [N, D]."""
+        ids = tf.sparse.SparseTensor(x.indices, x.indices[:, 1], x.dense_shape)
+        # One output per row that has a feature (`to_sparse_tensor` ensures all do).
+        dot = tf.nn.embedding_lookup_sparse(self.w, ids, x, combiner="sum")
+        return dot + self.b
+
+    def loss(self, x, y):
+        """Mean Table III loss plus the L2 penalty on the features present in `x`."""
+        margin = self.margins(x)
+        y = tf.cast(y, margin.dtype)
+        if self.loss_name == "linear":
+            data = tf.square(y - margin)
+        elif self.loss_name == "logistic":
+            data = tf.math.softplus(-y * margin)
+        else:
+            data = tf.nn.relu(1.0 - y * margin)
+        present = tf.unique(x.indices[:, 1])[0]
+        penalty = 0.5 * self.l2 * tf.reduce_sum(tf.square(tf.gather(self.w, present)))
+        return tf.reduce_mean(data) + penalty
+
+    def accuracy(self, x, y):
+        """Fraction of sign(w.x + b) equal to y (classification losses)."""
+        predicted = tf.where(self.margins(x) >= 0, 1.0, -1.0)
+        return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.cast(y, tf.float32)), tf.float32))
+
+
+def to_sparse_tensor(csr):
+    """A scipy CSR matrix (every row with at least one feature) -> tf.SparseTensor."""
+    coo = csr.tocoo()
+    order = np.lexsort((coo.col, coo.row))
+    indices = np.stack([coo.row[order], coo.col[order]], axis=1).astype(np.int64)
+    if len(np.unique(coo.row)) != csr.shape[0]:
+        raise ValueError("every row needs at least one feature (drop empty rows first)")
+    return tf.SparseTensor(indices, coo.data[order].astype(np.float32), csr.shape)
+
+
+def adam(learning_rate=0.01):
+    """The optimizer FastSGD trains with (its beta and epsilon values)."""
+    return tf_keras.optimizers.Adam(learning_rate, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+
+
+def fastsgd_mlp(input_shape=(7, 7), hidden=100, num_classes=5):
+    """FastSGD section 4.4's MLP: 7x7 input, two fully connected layers of 100, 5 outputs.
+
+    (The paper's learning rate is 0.02.) Returns a tf_keras Sequential with a softmax
+    output.
+    """
+    return tf_keras.Sequential([
+        tf_keras.Input(shape=input_shape),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(hidden, activation="relu", name="fc1"),
+        tf_keras.layers.Dense(hidden, activation="relu", name="fc2"),
+        tf_keras.layers.Dense(num_classes, activation="softmax", name="out"),
+    ], name="fastsgd_mlp")

@@ -1,0 +1,52 @@
+"""Reference models: shapes and parameter counts against the papers."""
+import numpy as np
+import pytest
+
+from models import cnn, resnet
+
+
+def trainable(model):
+    return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+
+
+@pytest.mark.parametrize("depth, published", [(20, 0.27e6), (110, 1.7e6)])
+def test_resnet_parameter_counts_match_he_et_al(depth, published):
+    model = resnet.resnet(depth)
+    # He et al. 2015, section 4.2 / Table 6 (option A shortcuts add no parameters).
+    assert abs(trainable(model) - published) / published < 0.02
+    weighted = [layer for layer in model.layers if layer.name.startswith(("conv", "stage", "fc"))
+                and layer.weights and "bn" not in layer.name]
+    assert len(weighted) == depth  # 6n + 1 convolutions + 1 fully connected layer
+
+
+def test_resnet20_exact_count_and_output():
+    model = resnet.resnet(20, num_classes=10)
+    assert trainable(model) == 269_722  # 16*27 + stages + 64*10+10, with BN gamma/beta
+    out = model(np.zeros((2, 32, 32, 3), np.float32), training=False)
+    assert out.shape == (2, 10)
+    np.testing.assert_allclose(out.numpy().sum(axis=1), 1.0, rtol=1e-5)
+    assert model.get_layer("stage3_block3_conv2").output.shape[1:] == (8, 8, 64)
+    assert len(model.losses) == 20  # weight decay on every conv and the fc kernel
+
+
+def test_resnet_rejects_bad_depth_and_names():
+    with pytest.raises(ValueError, match="6n\\+2"):
+        resnet.resnet(21)
+    with pytest.raises(ValueError):
+        resnet.by_name("resnetX")
+    assert resnet.by_name("resnet8", num_classes=100).output_shape == (None, 100)
+
+
+def test_mqgrad_cnn_matches_section_4_1():
+    model = cnn.mqgrad_cnn()
+    kernels = [tuple(v.shape) for v in model.trainable_variables if len(v.shape) > 1]
+    assert kernels == [(5, 5, 3, 64), (5, 5, 64, 64), (3136, 2304), (2304, 3840), (3840, 10)]
+    fc = sum(int(np.prod(v.shape)) for v in model.trainable_variables
+             if v.name.startswith(("fc3", "fc4")))
+    assert fc / trainable(model) > 0.99  # "about 99.2% of the network parameters"
+    # The min_elements that quantizes exactly the two hidden fully connected layers.
+    selected = [v.name for v in model.trainable_variables
+                if int(np.prod(v.shape)) >= cnn.MQGRAD_MIN_ELEMENTS]
+    assert [name.split("/")[0] for name in selected] == ["fc3", "fc4"]
+    assert len(model.losses) == 2  # L2 on fc3 and fc4 only
+    assert model(np.zeros((1, 32, 32, 3), np.float32)).shape == (1, 10)
