@@ -364,7 +364,7 @@ class SparseData:
         )
 
 
-def load_libsvm(path, num_features=None):
+def load_libsvm(path, num_features=None, zero_based=False):
     """Reads a libsvm / svmlight file ("label index:value ..." lines, 1-based indices).
 
     This is the distribution format of KDD10, KDD12, URL and WebSpam (LIBSVM's
@@ -373,13 +373,15 @@ def load_libsvm(path, num_features=None):
     Args:
       path: the file.
       num_features: the feature count (default: the largest index seen).
+      zero_based: indices start at 0 (LIBSVM's own files start at 1).
 
     Returns:
       `SparseData`; labels {0, 1} are mapped to {-1, +1}.
     """
     from sklearn.datasets import load_svmlight_file
 
-    x, y = load_svmlight_file(path, n_features=num_features, dtype=np.float32)
+    x, y = load_svmlight_file(path, n_features=num_features, dtype=np.float32,
+                              zero_based=zero_based)
     y = y.astype(np.float32)
     if set(np.unique(y)) <= {0.0, 1.0}:
         y = 2.0 * y - 1.0
