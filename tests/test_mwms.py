@@ -1,0 +1,172 @@
+"""DistributedOptimizer on a real multi-process MultiWorkerMirroredStrategy cluster.
+
+Two worker processes (started by `tfgc.cluster.LocalCluster.run_workers`, each with
+its TF_CONFIG) train tf_keras models with `model.fit` under MultiWorkerMirroredStrategy
+with ring collectives. Each worker reads its own TCP counters (`task_traffic`, from
+`ss`) around each fit, so the bytes below are what the collectives really sent.
+"""
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from tfgc import cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROWS, COLS = 512, 512  # the compressed kernel: 1 MiB of fp32 gradient per step
+STEPS = 4
+LR = 0.5  # a power of two: the SGD update adds no rounding of its own
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    import tfgc
+    from tfgc import cluster
+
+    out_dir, rows, cols, steps, lr = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
+    names = sys.argv[6].split(",")
+    RING = tf.distribute.experimental.CommunicationImplementation.RING
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=RING))
+    index = strategy.cluster_resolver.task_id
+    assert strategy.num_replicas_in_sync == 2
+
+    # Each worker has its own batch (a fixed linear teacher plus worker-specific inputs):
+    # the two replicas' gradients differ, so the sum is not just twice one of them.
+    rng = np.random.default_rng(100 + index)
+    teacher = np.random.default_rng(7).normal(size=(rows, cols)).astype("float32") / rows ** 0.5
+    x = rng.normal(size=(64, rows)).astype("float32")
+    y = x @ teacher
+
+    def dataset_fn(input_context):
+        return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+    data = tf_keras.utils.experimental.DatasetCreator(dataset_fn)
+    codecs = {
+        "fp32": None,
+        "fp16": tfgc.codecs.Cast("float16"),
+        "int8": tfgc.codecs.Int8(),
+        "threelc": tfgc.codecs.ThreeLC(1.0),
+    }
+    report = {"index": index}
+    for name in names:
+        codec = codecs[name]
+        with strategy.scope():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential(
+                [tf_keras.layers.Dense(cols, use_bias=False, input_shape=(rows,))])
+            optimizer = tf_keras.optimizers.SGD(lr)
+            if codec is not None:
+                optimizer = tfgc.DistributedOptimizer(optimizer, compression=codec)
+            model.compile(optimizer, "mse")
+        kernel = model.trainable_variables[0]
+
+        @tf.function
+        def local_gradient():
+            # The same loss (scaled for the replicas) as tf_keras's train_step.
+            def fn():
+                with tf.GradientTape() as tape:
+                    xt, yt = tf.constant(x), tf.constant(y)
+                    loss = model.compute_loss(xt, yt, model(xt, training=True))
+                return tape.gradient(loss, kernel)
+            return strategy.run(fn)
+
+        if name == "fp16":  # the exactness check reads these
+            gradient = strategy.experimental_local_results(local_gradient())[0].numpy()
+            np.save(os.path.join(out_dir, f"grad{index}.npy"), gradient)
+            np.save(os.path.join(out_dir, f"w0_{index}.npy"), kernel.numpy())
+        # One step, read the update, then measure the bytes of `steps` more steps
+        # (tracing and first-use collective setup happen in the first fit).
+        model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
+        if name == "fp16":
+            np.save(os.path.join(out_dir, f"w1_{index}.npy"), kernel.numpy())
+        before = cluster.task_traffic()
+        history = model.fit(data, epochs=steps, steps_per_epoch=1, verbose=0)
+        after = cluster.task_traffic()
+        peer = ("worker", 1 - index)
+        report[name] = {
+            "sent": after[peer]["sent"] - before.get(peer, {"sent": 0})["sent"],
+            "loss": history.history["loss"],
+            "payload": (int(optimizer.traffic["push_bytes"].numpy())
+                        if codec is not None else None),
+        }
+    print("REPORT " + json.dumps(report), flush=True)
+    """
+)
+
+
+def run_workers(tmp_path, names):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    c = cluster.LocalCluster(num_ps=0, num_workers=2, log_dir=tmp_path / "logs")
+    try:
+        results = c.run_workers(
+            [str(script), str(tmp_path), str(ROWS), str(COLS), str(STEPS), str(LR),
+             ",".join(names)],
+            timeout_s=300, check=True,
+        )
+    finally:
+        c.stop()
+    reports = []
+    for r in results:
+        line = [l for l in r.stdout.splitlines() if l.startswith("REPORT ")]
+        assert line, r.stderr[-3000:]
+        reports.append(json.loads(line[-1][len("REPORT "):]))
+    return reports
+
+
+DENSE = ROWS * COLS * 4  # bytes of the kernel's fp32 gradient
+
+
+def check_codec(report, name, low, high):
+    """Bytes per step sent to the other worker, against the fp32 gradient; loss falls."""
+    ratio = report[name]["sent"] / STEPS / DENSE
+    assert low < ratio < high, (name, ratio, report)
+    loss = report[name]["loss"]
+    assert np.all(np.isfinite(loss)) and loss[-1] < loss[0], (name, loss)
+
+
+def test_mwms_summable_codec_is_all_reduced_compressed(tmp_path):
+    reports = run_workers(tmp_path, ["fp32", "fp16"])
+
+    # The update is decode(sum of encodes), the sum taken in float16 by the all-reduce
+    # itself (fp16 + fp16 rounds to fp16 once, as numpy does).
+    g0, g1 = (np.load(tmp_path / f"grad{i}.npy") for i in range(2))
+    w0 = np.load(tmp_path / "w0_0.npy")
+    assert np.array_equal(w0, np.load(tmp_path / "w0_1.npy"))  # replicas start in sync
+    summed = (g0.astype(np.float16) + g1.astype(np.float16)).astype(np.float32)
+    expected = w0 - np.float32(LR) * summed
+    for i in range(2):
+        np.testing.assert_array_equal(np.load(tmp_path / f"w1_{i}.npy"), expected)
+    # ...which is not what an fp32 all-reduce would have applied.
+    assert not np.array_equal(expected, w0 - np.float32(LR) * (g0 + g1))
+
+    for report in reports:
+        # Ring all-reduce on 2 workers: each sends half its tensor twice, i.e. all of it,
+        # plus a little for the loss and the RPCs.
+        check_codec(report, "fp32", 1.0, 1.05)
+        check_codec(report, "fp16", 0.5, 0.55)
+
+
+# TensorFlow 2.21's MWMS all_gather of a tensor with no elements (CollectiveGatherV2,
+# ring, CPU) kills the process with SIGSEGV; the optimizer gathers `tf.shape(t)[None]`,
+# which has no elements for a scalar payload tensor (Int8's and ThreeLC's scale).
+@pytest.mark.xfail(strict=True, reason="optimizer all-gathers a zero-element shape tensor "
+                   "for scalar payload tensors; TF segfaults (see comment)")
+def test_mwms_non_summable_codecs_are_all_gathered_compressed(tmp_path):
+    reports = run_workers(tmp_path, ["int8", "threelc"])
+    for report in reports:
+        # All-gather on 2 workers: each sends its own payload once.
+        check_codec(report, "int8", 0.25, 0.3)
+        check_codec(report, "threelc", 0.0, 0.1)
+        for name in ("int8", "threelc"):
+            # The optimizer's payload count (summed over both workers, STEPS + 1 steps)
+            # is what crossed the wire, up to padding and RPC overhead.
+            payload_per_step = report[name]["payload"] / 2 / (STEPS + 1)
+            assert report[name]["sent"] / STEPS >= payload_per_step, (name, report)
