@@ -18,7 +18,13 @@ $(STAMP): setup.py pyproject.toml $(wildcard tfgc_ops/cc/*.cc tfgc_ops/cc/*.h)
 
 install: $(STAMP)
 
+# The main job: a 1-PS/2-worker cluster on 127.0.0.1 trains ResNet-20 without and with
+# ThreeLC (a few minutes on 2 cores); table and plot in runs/demo.
 demo: install
+	@$(PY) -c "import matplotlib, tensorboard" 2>/dev/null || $(PY) -m pip install --quiet matplotlib tensorboard
+	$(PY) -m models.cluster_demo --out runs/demo
+
+codec-demo: install
 	$(PY) -m models.codec_demo
 
 test: install

@@ -39,8 +39,6 @@ import inspect
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -220,7 +218,16 @@ def _recorder_class():
             self.read_sockets(step)
 
         def read_sockets(self, step):
-            if self.cluster is not None:
+            if self.cluster == "task":  # an MWMS worker: its own sockets to its peers
+                from tfgc import cluster as cluster_lib
+
+                peers = cluster_lib.task_traffic()
+                self.socket_rows.append({
+                    "step": step,
+                    "sent": sum(v["sent"] for v in peers.values()),
+                    "received": sum(v["received"] for v in peers.values()),
+                })
+            elif self.cluster is not None:
                 rows = self.cluster.socket_bytes()
                 self.socket_rows.append({
                     "step": step,
@@ -377,7 +384,8 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
         train_ds = train_ds.with_options(options)
 
     per_batch = args.strategy != "ps"
-    recorder = _recorder_class()[per_batch](optimizer, steps_per_epoch, per_batch, cluster)
+    recorder = _recorder_class()[per_batch](
+        optimizer, steps_per_epoch, per_batch, "task" if args.strategy == "mwms" else cluster)
     callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
     callbacks.append(recorder)
     if args.tensorboard and _has_tensorboard():
@@ -415,6 +423,12 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
         for key in ("worker_to_ps", "ps_to_worker"):
             summary[f"socket_{key}_bytes_per_step"] = (after[key] - before[key]) / steps_done
         summary["socket_bytes"] = recorder.socket_rows
+    elif args.strategy == "mwms":
+        before, after = recorder.socket_rows[0], recorder.socket_rows[-1]
+        # Worker 0's view: what it sent to and received from the other workers.
+        for key in ("sent", "received"):
+            summary[f"socket_worker0_{key}_bytes_per_step"] = (after[key] - before[key]) / steps_done
+        summary["socket_bytes"] = recorder.socket_rows
 
     test_model = model
     if args.strategy == "ps":
@@ -434,70 +448,33 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
 # --- multi-worker launcher --------------------------------------------------------------
 
 
-def _free_ports(count):
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def launch_workers(args, argv):
     """Runs one process per MWMS worker on 127.0.0.1; returns the chief's summary.
 
-    Each worker reruns this command with TF_CONFIG for its task. All are killed (by
-    pid) when one fails, on timeout, or when this process is interrupted.
+    Uses `tfgc.cluster.LocalCluster(num_ps=0).run_workers`: each worker reruns this
+    command with the TF_CONFIG of its task; all are killed (by pid) when one fails or on
+    timeout. Worker 0's output is shown afterwards; every worker's is in the cluster's
+    log directory.
     """
-    ports = _free_ports(args.workers)
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    log_dir = os.path.join(args.out, "worker-logs")
-    os.makedirs(log_dir, exist_ok=True)
-    procs, logs = [], []
-    deadline = time.monotonic() + args.timeout
-    try:
-        for index in range(args.workers):
-            env = dict(os.environ, TF_CONFIG=json.dumps(
-                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}))
-            env["PYTHONUNBUFFERED"] = "1"
-            log = open(os.path.join(log_dir, f"worker-{index}.log"), "w")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "models.train", *argv, "--_worker"],
-                stdout=None if index == 0 else log, stderr=None if index == 0 else log,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-            ))
-        _log(f"started {args.workers} MultiWorkerMirroredStrategy workers on "
-             f"{', '.join(addresses)} (pids {', '.join(str(p.pid) for p in procs)})")
-        while any(p.poll() is None for p in procs):
-            failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed:
-                raise RuntimeError(
-                    f"worker {failed[0]} exited with code {procs[failed[0]].returncode}; "
-                    f"see {log_dir}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workers still running after --timeout {args.timeout} s")
-            time.sleep(0.2)
-        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            raise RuntimeError(f"worker {failed[0]} exited with code "
-                               f"{procs[failed[0]].returncode}; see {log_dir}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        for log in logs:
-            log.close()
+    from tfgc import cluster as cluster_lib
+
+    with cluster_lib.LocalCluster(num_ps=0, num_workers=args.workers, timeout_s=args.timeout,
+                                  log_dir=os.path.join(args.out, "worker-logs")) as c:
+        _log(f"running {args.workers} MultiWorkerMirroredStrategy workers on "
+             f"{', '.join(c.addresses['worker'])}; logs in {c.log_dir}")
+        results = c.run_workers(["-m", "models.train", *argv, "--_worker"],
+                                timeout_s=args.timeout)
+    for result in results[:1]:
+        for path in (result.stdout_path, result.stderr_path):
+            with open(path, errors="replace") as f:
+                text = "".join(line for line in f if not line.startswith(("WARNING", "I0000", "E0000", "W0000")))
+            sys.stderr.write(text[-6000:])
+    failed = [r for r in results if r.returncode != 0]
+    if failed:
+        r = failed[0]
+        raise RuntimeError(
+            f"MWMS worker {r.index} exited with code {r.returncode}"
+            f"{' (timed out)' if r.timed_out else ''}; see {r.stderr_path}")
     with open(os.path.join(args.out, "summary.json")) as f:
         return json.load(f)
 
@@ -578,6 +555,13 @@ def main(argv=None):
             "name", "dataset", "substitute_for", "test_accuracy", "step_time_s",
             "push_bytes_per_step", "payload_ratio", "socket_worker_to_ps_bytes_per_step",
             "socket_ps_to_worker_bytes_per_step")}))
+    if args.strategy == "ps":
+        # The cluster is stopped and every output written; a normal interpreter exit
+        # would now free the remaining cluster functions, and TensorFlow would log an
+        # error for each one it can no longer unregister on the stopped servers.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
