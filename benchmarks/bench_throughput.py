@@ -149,7 +149,6 @@ def child(args):
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     import tfgc_ops
     from tfgc.codecs import ThreeLC, payload_nbytes
-    from tfgc.codecs import threelc as threelc_module
 
     tag = f"[threads={threads}]"
     log(f"{tag} TF {tf.__version__}, intra={tf.config.threading.get_intra_op_parallelism_threads()} "
@@ -179,9 +178,6 @@ def child(args):
     double = tf.function(lambda x: x * 2.0, jit_compile=True)
     results["alloc_probe"] = rate(first.nbytes, measure(lambda: double(probe_input), args.repeats))
     del probe_input
-
-    quantize_and_fold = getattr(threelc_module, "_quantize_and_fold", None)
-    unfold_and_scale = getattr(threelc_module, "_unfold_and_scale", None)
 
     for name in args.datasets:
         x = buffers[name]
@@ -236,6 +232,8 @@ def child(args):
                 f"dec {row['tlc_dec']['gbps']:.2f} GB/s (fp32)")
 
             s_tensor = tf.constant(sparsity)
+            quantize_and_fold = getattr(codec, "_quantize_and_fold", None)
+            unfold_and_scale = getattr(codec, "_unfold_and_scale", None)
             try:
                 row["qf"] = rate(x.nbytes, measure(lambda: quantize_and_fold(xt, s_tensor),
                                                    args.repeats))

@@ -42,9 +42,9 @@ def test_rejects_what_it_cannot_do():
 
     with pytest.raises(NotImplementedError, match="tf_keras"):
         tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=C.ThreeLC())
-    with pytest.raises(NotImplementedError, match="pull_compression"):
+    with pytest.raises(TypeError, match="pull_compression"):
         tfgc.DistributedOptimizer(
-            tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(), pull_compression=C.ThreeLC()
+            tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(), pull_compression="int8"
         )
     with pytest.raises(TypeError, match="codec"):
         tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression="3lc")
@@ -140,9 +140,10 @@ def test_traffic_logger_reports_each_step(tmp_path):
     model = small_model()
     opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0))
     model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    csv_path = tmp_path / "traffic.csv"
-    history = model.fit(x[:640], y[:640], epochs=1, batch_size=64, verbose=0,
-                        callbacks=[tfgc.callbacks.TrafficLogger(csv_path=str(csv_path))])
+    csv_path, per_variable_path = tmp_path / "traffic.csv", tmp_path / "by_variable.csv"
+    logger = tfgc.callbacks.TrafficLogger(csv_path=str(csv_path),
+                                          per_variable_csv_path=str(per_variable_path))
+    history = model.fit(x[:640], y[:640], epochs=1, batch_size=64, verbose=0, callbacks=[logger])
     dense = (64 * 128 + 128 + 128 * 10 + 10) * 4  # every gradient of one step in fp32
     assert history.history["push_dense_bytes"][-1] == dense
     # The two kernels go compressed, the biases (< min_elements) as they are.
@@ -151,3 +152,16 @@ def test_traffic_logger_reports_each_step(tmp_path):
     rows = csv_path.read_text().splitlines()
     assert len(rows) == 1 + 10 and rows[0].startswith("step,push_bytes")
     assert int(opt.traffic["push_dense_bytes"].numpy()) == 10 * dense
+    assert history.history["pull_bytes"][-1] == 0  # no compressed pulls
+    by_variable = opt.traffic_by_variable()
+    kernel = by_variable[model.layers[0].kernel.name]
+    assert kernel["push_dense_bytes"] == 10 * 64 * 128 * 4
+    assert 0 < kernel["push_bytes"] < kernel["push_dense_bytes"] / 10
+    bias = by_variable[model.layers[0].bias.name]
+    assert bias["push_bytes"] == bias["push_dense_bytes"] == 10 * 128 * 4
+    assert sum(v["push_bytes"] for v in by_variable.values()) == int(opt.traffic["push_bytes"])
+    rows = per_variable_path.read_text().splitlines()
+    assert rows[0] == "step,variable,direction,bytes,dense_bytes"
+    assert len(rows) == 1 + 10 * 4  # four variables pushed every step
+    step0 = [r.split(",") for r in rows[1:5]]
+    assert {r[1] for r in step0} == set(by_variable) and {r[2] for r in step0} == {"push"}

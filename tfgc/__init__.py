@@ -7,6 +7,10 @@ import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import callbacks, codecs
 from tfgc.memory import ErrorFeedback
 from tfgc.optimizer import DistributedOptimizer
+from tfgc.variables import compressed_pulls, get_variable
 
 __version__ = "0.1.0"
-__all__ = ["callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer"]
+__all__ = [
+    "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
+    "compressed_pulls",
+]

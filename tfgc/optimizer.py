@@ -20,10 +20,12 @@ import tensorflow as tf
 from tfgc import codecs
 from tfgc.codecs import base
 from tfgc.memory import feedback_step
+from tfgc.variables import PulledVariable
 
 DEFAULT_MIN_ELEMENTS = 1024
-# Cumulative bytes of gradient pushes: on the wire, and as the dense tensors they replace.
-TRAFFIC_COUNTERS = ("push_bytes", "push_dense_bytes")
+# Traffic is counted per direction and per variable: bytes on the wire, and the bytes of
+# the dense tensors they replace.
+DIRECTIONS = ("push", "pull")
 
 
 def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Horovod's)
@@ -42,23 +44,20 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     Args:
       optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`).
       compression: a `tfgc.codecs.Codec` for gradients.
-      pull_compression: a codec for model pulls from parameter servers (not supported
-        yet: raises NotImplementedError when set).
+      pull_compression: a codec for model pulls from parameter servers (3LC): the
+        variables this optimizer builds with that were created by
+        `tfgc.get_variable` or under `tfgc.compressed_pulls()` are read on workers
+        from caches updated by compressed deltas (see tfgc.variables).
       min_elements: variables with fewer elements are sent uncompressed.
       error_feedback: keep each compressed variable's residual (3LC's error
         accumulation) on the worker that produced it.
 
     Raises:
       TypeError: `optimizer` is not a tf_keras optimizer or `compression` not a codec.
-      NotImplementedError: Keras 3 optimizers, or `pull_compression` set.
+      NotImplementedError: Keras 3 optimizers.
     """
     import tf_keras
 
-    if pull_compression is not None:
-        raise NotImplementedError(
-            "pull_compression (3LC's compressed model pulls) is not implemented yet; "
-            "only gradient pushes are compressed"
-        )
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         if type(optimizer).__module__.startswith("keras"):
             raise NotImplementedError(
@@ -67,11 +66,15 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
                 "ParameterServerStrategy"
             )
         raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
-    if not isinstance(compression, base.Codec):
-        raise TypeError(f"compression must be a tfgc codec, got {type(compression).__name__}")
+    for what, codec in (("compression", compression), ("pull_compression", pull_compression)):
+        if codec is not None and not isinstance(codec, base.Codec):
+            raise TypeError(f"{what} must be a tfgc codec, got {type(codec).__name__}")
+    if compression is None:
+        raise TypeError("compression must be a tfgc codec, got None")
     config = optimizer.get_config()
     config.update(
-        compression=compression, min_elements=min_elements, error_feedback=error_feedback
+        compression=compression, pull_compression=pull_compression,
+        min_elements=min_elements, error_feedback=error_feedback,
     )
     return distributed_class(type(optimizer)).from_config(config)
 
@@ -91,22 +94,32 @@ def distributed_class(optimizer_class):
 class _CompressingMixin:
     """Overrides `build` (residual buffers) and `apply_gradients` (the wire)."""
 
-    def __init__(self, *args, compression, min_elements=DEFAULT_MIN_ELEMENTS,
-                 error_feedback=True, **kwargs):
+    def __init__(self, *args, compression, pull_compression=None,
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True, **kwargs):
         super().__init__(*args, **kwargs)
         if isinstance(compression, dict):
             compression = codecs.deserialize(compression)
+        if isinstance(pull_compression, dict):
+            pull_compression = codecs.deserialize(pull_compression)
         self.compression = compression
+        self.pull_compression = pull_compression
         self.min_elements = int(min_elements)
         self.error_feedback = bool(error_feedback)
         self._residuals = {}
         self._codecs = {}  # the codec bound to each compressed variable, by key
-        self.traffic = None  # {"push_bytes", "push_dense_bytes"}: cumulative counters
+        # Per direction, a [2, variables + 1] int64 counter: payload bytes and dense
+        # bytes per variable (the last column: variables built later). One update per
+        # step and direction keeps counting off the wire.
+        self._traffic = None
+        self._traffic_columns = {}
 
     def get_config(self):
         config = super().get_config()
         config.update(
             compression=codecs.serialize(self.compression),
+            pull_compression=(
+                None if self.pull_compression is None else codecs.serialize(self.pull_compression)
+            ),
             min_elements=self.min_elements,
             error_feedback=self.error_feedback,
         )
@@ -121,9 +134,14 @@ class _CompressingMixin:
         )
 
     def build(self, var_list):
+        var_list = [self._master_of(v) for v in var_list]
         super().build(var_list)
-        if self.traffic is None:
-            self.traffic = {name: _counter_variable(name) for name in TRAFFIC_COUNTERS}
+        if self._traffic is None:
+            self._traffic_columns = {self._var_key(v): i for i, v in enumerate(var_list)}
+            self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
+            self._traffic = {
+                d: _counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
+            }
         missing = [
             v for v in var_list if self.compresses(v) and self._key(v) not in self._codecs
         ]
@@ -140,6 +158,25 @@ class _CompressingMixin:
             if self.error_feedback:
                 self._residuals[self._residual_key(variable)] = _residual_variable(variable)
 
+    def _master_of(self, variable):
+        """The variable updates go to; enables compressed pulls of a `PulledVariable`."""
+        if not isinstance(variable, PulledVariable):
+            return variable
+        if self.pull_compression is not None and variable.pull_codec is None:
+            if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
+                # The step reading this variable was traced with uncompressed pulls.
+                raise RuntimeError(
+                    "Compressed pulls start when the DistributedOptimizer is built: call "
+                    "`optimizer.build(model.trainable_variables)` (inside strategy.scope() "
+                    "if there is a strategy) before training"
+                )
+            master = variable.master
+            variable.enable_compressed_pulls(
+                self.pull_compression.bind(master),
+                count=lambda payload_bytes: self._record("pull", [(master, payload_bytes)]),
+            )
+        return variable.master
+
     def _key(self, variable):
         # The variable's position in the optimizer (as for its slots): stable across
         # processes, so checkpoints restore state to the right variables.
@@ -148,13 +185,53 @@ class _CompressingMixin:
     def _residual_key(self, variable):
         return f"residual_{self._index_dict[self._var_key(variable)]}"
 
+    @property
+    def traffic(self):
+        """Cumulative bytes as scalar tensors: `push_bytes`, `push_dense_bytes` (the
+        gradients pushed, compressed and as dense tensors), `pull_bytes`,
+        `pull_dense_bytes` (model pulls); None until built."""
+        if self._traffic is None:
+            return None
+        totals = {}
+        for direction, counter in self._traffic.items():
+            sums = tf.reduce_sum(tf.convert_to_tensor(counter), axis=1)
+            totals[f"{direction}_bytes"], totals[f"{direction}_dense_bytes"] = sums[0], sums[1]
+        return totals
+
+    def traffic_by_variable(self):
+        """{variable name: {"push_bytes", "push_dense_bytes", "pull_bytes",
+        "pull_dense_bytes"}} as Python ints, cumulative (eager only)."""
+        if self._traffic is None:
+            return {}
+        counts = {d: tf.convert_to_tensor(c).numpy() for d, c in self._traffic.items()}
+        return {
+            name: {
+                f"{d}_{kind}": int(counts[d][row, column])
+                for d in DIRECTIONS for row, kind in enumerate(("bytes", "dense_bytes"))
+            }
+            for column, name in enumerate(self._traffic_names)
+            if any(counts[d][1, column] for d in DIRECTIONS)
+        }
+
+    def _record(self, direction, sent):
+        """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
+        if not sent:
+            return
+        other = len(self._traffic_names) - 1
+        columns = [self._traffic_columns.get(self._var_key(v), other) for v, _ in sent]
+        indices = [[row, c] for row in (0, 1) for c in columns]
+        updates = [tf.cast(b, tf.int64) for _, b in sent]
+        updates += [tf.constant(_dense_bytes(v), tf.int64) for v, _ in sent]
+        counter = self._traffic[direction]
+        counter.assign_add(tf.scatter_nd(indices, tf.stack(updates), counter.shape))
+
     def codec_for(self, variable):
         """The codec bound to `variable` (see `Codec.bind`)."""
         return self._codecs[self._key(variable)]
 
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
                         **kwargs):
-        grads_and_vars = list(grads_and_vars)
+        grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
         if not grads_and_vars:
             return super().apply_gradients(grads_and_vars, name=name)
         with tf.init_scope():
@@ -169,25 +246,25 @@ class _CompressingMixin:
             send, aggregate = self._all_reduce, False
         else:
             send = self._round_trip
-        pairs = [(self._send(send, g, v), v) for g, v in grads_and_vars]
+        pairs, sent = [], []
+        for gradient, variable in grads_and_vars:
+            if gradient is not None:
+                gradient, payload_bytes = self._send(send, gradient, variable)
+                sent.append((variable, payload_bytes))
+            pairs.append((gradient, variable))
+        self._record("push", sent)
         return super().apply_gradients(
             pairs, name=name, skip_gradients_aggregation=not aggregate, **kwargs
         )
 
     def _send(self, wire, gradient, variable):
-        """Sends one gradient over `wire` if it is compressed, and counts its bytes."""
-        if gradient is None:
-            return None
+        """Sends one gradient over `wire` if it is compressed; returns (the gradient as
+        received, payload bytes)."""
         if not self.compresses(variable):
-            self._count(_dense_bytes(variable), _dense_bytes(variable))
-            return gradient
+            return gradient, _dense_bytes(variable)
         return wire(gradient, variable)
 
-    def _count(self, payload_bytes, dense_bytes):
-        self.traffic["push_bytes"].assign_add(tf.cast(payload_bytes, tf.int64))
-        self.traffic["push_dense_bytes"].assign_add(tf.cast(dense_bytes, tf.int64))
-
-    # --- the three wires ---------------------------------------------------------------
+    # --- the three wires: each returns (received gradient, payload bytes) ---------------
 
     def _encode(self, gradient, variable):
         if isinstance(gradient, tf.IndexedSlices) and not isinstance(
@@ -200,37 +277,36 @@ class _CompressingMixin:
             payload = codec.encode(gradient)
         else:
             payload = feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
-        self._count(codecs.payload_nbytes(payload), _dense_bytes(variable))
         return payload
 
     def _push_to_variable_device(self, gradient, variable):
         payload = self._encode(gradient, variable)
         with tf.device(variable.device):
-            return self.codec_for(variable).decode(payload)
+            return self.codec_for(variable).decode(payload), codecs.payload_nbytes(payload)
 
     def _round_trip(self, gradient, variable):
-        return self.codec_for(variable).decode(self._encode(gradient, variable))
+        payload = self._encode(gradient, variable)
+        return self.codec_for(variable).decode(payload), codecs.payload_nbytes(payload)
 
     def _all_reduce(self, gradient, variable):
         context = tf.distribute.get_replica_context()
         codec = self.codec_for(variable)
         if hasattr(codec, "all_reduce"):
-            total, payload_bytes = codec.all_reduce(tf.convert_to_tensor(gradient), context)
-            self._count(payload_bytes, _dense_bytes(variable))
-            return total
+            return codec.all_reduce(tf.convert_to_tensor(gradient), context)
         payload = self._encode(gradient, variable)
+        payload_bytes = codecs.payload_nbytes(payload)
         if codec.summable:
             summed = {
                 k: context.all_reduce(tf.distribute.ReduceOp.SUM, t) if t.dtype.is_floating else t
                 for k, t in payload.items()
             }
-            return codec.decode(summed)
+            return codec.decode(summed), payload_bytes
         gathered = [_all_gather_padded(context, t) for t in payload.values()]
         total = None
         for replica in range(context.num_replicas_in_sync):
             decoded = codec.decode({k: pieces[replica] for k, pieces in zip(payload, gathered)})
             total = decoded if total is None else total + decoded
-        return total
+        return total, payload_bytes
 
 
 def _dense_bytes(variable):
@@ -250,9 +326,9 @@ def _residual_variable(variable):
                            f"residual/{variable.name.split(':')[0]}", per_worker=True)
 
 
-def _counter_variable(name):
-    """A cumulative int64 byte counter that every replica or worker adds to."""
-    return _local_variable(tf.constant(0, tf.int64), name, per_worker=False)
+def _counter_variable(shape, name):
+    """Cumulative int64 byte counters that every replica or worker adds to."""
+    return _local_variable(tf.zeros(shape, tf.int64), name, per_worker=False)
 
 
 def _local_variable(initial_value, name, per_worker):

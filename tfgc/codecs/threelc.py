@@ -29,7 +29,6 @@ def _quantize(flat, scale):
     return tf.where(usable, tf.round(flat / tf.where(usable, scale, 1.0)), 0.0)
 
 
-@tf.function(jit_compile=True)
 def _quantize_and_fold(x, sparsity):
     """Returns (quartic bytes, scale M in x's dtype)."""
     flat = tf.reshape(tf.cast(x, tf.float32), [-1])
@@ -39,7 +38,6 @@ def _quantize_and_fold(x, sparsity):
     return quartic.fold(_quantize(flat, scale)), tf.cast(scale, x.dtype)
 
 
-@tf.function(jit_compile=True)
 def _dequantized(x, scale):
     """M * round(x / M): what the receiver decodes, computed without decoding."""
     scale = tf.cast(scale, tf.float32)
@@ -47,7 +45,6 @@ def _dequantized(x, scale):
     return tf.cast(values, x.dtype)
 
 
-@tf.function(jit_compile=True)
 def _unfold_and_scale(data, scale, shape):
     """Inverse of the folding: the first prod(shape) 3-values times the scale."""
     values = quartic.unfold(data, tf.reduce_prod(shape)) * tf.cast(scale, tf.float32)
@@ -72,13 +69,20 @@ class ThreeLC(base.Codec):
         if not 1.0 <= sparsity < 2.0:
             raise ValueError(f"ThreeLC sparsity must be in [1, 2), got {sparsity}")
         self.sparsity = sparsity
+        # XLA-compiled passes, one set per codec: a concrete function cached by an
+        # earlier cluster connection in the same process is not sent to a new
+        # cluster's workers ("Failed to find function"), so each run's codec traces
+        # its own.
+        self._quantize_and_fold = tf.function(_quantize_and_fold, jit_compile=True)
+        self._dequantized = tf.function(_dequantized, jit_compile=True)
+        self._unfold_and_scale = tf.function(_unfold_and_scale, jit_compile=True)
 
     def get_config(self):
         return {"sparsity": self.sparsity}
 
     def encode(self, x):
         x = base.check_floating(x, self.name)
-        folded, scale = _quantize_and_fold(x, tf.constant(self.sparsity))
+        folded, scale = self._quantize_and_fold(x, tf.constant(self.sparsity))
         return {
             "data": tfgc_ops.zero_run_encode(folded),
             "scale": scale,
@@ -87,11 +91,11 @@ class ThreeLC(base.Codec):
 
     def encode_and_reconstruct(self, x):
         payload = self.encode(x)
-        return payload, _dequantized(x, payload["scale"])
+        return payload, self._dequantized(x, payload["scale"])
 
     def decode(self, payload):
         folded = tfgc_ops.zero_run_decode(payload["data"])
         shape = payload["shape"]
         folded = base.check_size(folded, quartic.groups_for(tf.reduce_prod(shape)), self.name)
-        values = _unfold_and_scale(folded, payload["scale"], shape)
+        values = self._unfold_and_scale(folded, payload["scale"], shape)
         return tf.reshape(values, base.static_shape(shape))

@@ -1,0 +1,135 @@
+"""Compressed pulls (tfgc.variables) in one process: the same mechanism as under
+ParameterServerStrategy, with one worker."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+from sklearn.datasets import load_digits
+
+import tfgc
+from tfgc import codecs as C
+from tfgc.variables import PulledVariable
+
+
+def _digits():
+    data = load_digits()
+    x = (data.images / 16.0).reshape(-1, 64).astype("float32")
+    return x, data.target.astype("int64")
+
+
+def _model():
+    tf_keras.utils.set_random_seed(0)
+    return tf_keras.Sequential([
+        tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),
+        tf_keras.layers.Dense(10),
+    ])
+
+
+def test_scope_wraps_only_large_trainable_weights():
+    with tfgc.compressed_pulls(min_elements=1000):
+        model = _model()
+    first, second = model.layers
+    assert isinstance(first.kernel, PulledVariable)  # 64 x 128
+    assert isinstance(second.kernel, PulledVariable)  # 128 x 10
+    assert not isinstance(first.bias, PulledVariable) and not isinstance(second.bias, PulledVariable)
+    assert len(model.trainable_variables) == 4
+
+
+def test_get_variable_reads_master_until_an_optimizer_enables_pulls():
+    v = tfgc.get_variable("w", [3, 4], initializer="ones")
+    assert isinstance(v, PulledVariable) and v.pull_codec is None
+    np.testing.assert_array_equal(tf.function(lambda: v * 2.0)().numpy(), 2 * np.ones([3, 4]))
+    v.assign_add(tf.ones([3, 4]))
+    np.testing.assert_array_equal(v.numpy(), 2 * np.ones([3, 4]))
+    assert tfgc.get_variable("step", [], dtype=tf.int64, initializer="zeros").dtype == tf.int64
+    with pytest.raises(ValueError, match="fully defined"):
+        tfgc.get_variable("bad", [None, 3])
+
+
+def test_pulls_full_once_then_compressed_deltas_tracked_by_the_snapshot():
+    v = tfgc.get_variable("w", [64, 32], initializer="glorot_uniform")
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.5), compression=C.NoCompression(),
+                                    pull_compression=C.Int8())
+    opt.build([v])
+
+    @tf.function
+    def step(g):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * g)
+        grads = tape.gradient(loss, [v])
+        opt.apply_gradients(zip(grads, [v]))
+        return loss
+
+    rng = np.random.default_rng(0)
+    step(tf.constant(rng.normal(size=[64, 32]), tf.float32))
+    # The first pull was a full one: the cache held the master's initial value.
+    assert bool(v.synced.numpy())
+    for _ in range(5):
+        read_by_last_pull = v.master.numpy()
+        step(tf.constant(rng.normal(size=[64, 32]), tf.float32))
+    cache, snapshot = v.cache.numpy(), v.snapshots.numpy()[0]
+    np.testing.assert_array_equal(cache, snapshot)  # both sides applied the same decodes
+    # The last pull sent one update's delta (about +-2) in Int8: error <= range / 510.
+    error = np.abs(cache - read_by_last_pull).max()
+    assert 0 < error < 0.02
+    traffic = {k: int(t.numpy()) for k, t in opt.traffic.items()}
+    dense = 64 * 32 * 4
+    assert traffic["pull_dense_bytes"] == 6 * dense
+    # One full pull, then five Int8 pulls of about a quarter of the bytes.
+    assert dense + 5 * dense // 4 <= traffic["pull_bytes"] < dense + 5 * (dense // 4 + 64)
+
+
+def test_gradients_flow_through_the_cache_to_the_master():
+    v = tfgc.get_variable("w", [40, 40], initializer="zeros")
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=C.NoCompression(),
+                                    pull_compression=C.NoCompression())
+    opt.build([v])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * 3.0)
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    step()
+    step()
+    np.testing.assert_allclose(v.master.numpy(), -6.0 * np.ones([40, 40]))
+    np.testing.assert_allclose(v.cache.numpy(), -3.0 * np.ones([40, 40]))  # read before step 2
+
+
+def test_training_with_compressed_pulls_learns():
+    x, y = _digits()
+    with tfgc.compressed_pulls():
+        model = _model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                    pull_compression=C.ThreeLC(1.0))
+    opt.build(model.trainable_variables)
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+    assert history.history["accuracy"][-1] > 0.85
+    ratio = int(opt.traffic["pull_dense_bytes"].numpy()) / int(opt.traffic["pull_bytes"].numpy())
+    assert ratio > 8  # the full pull once, then ternary deltas
+    for v in model.trainable_variables:
+        if isinstance(v, PulledVariable):
+            np.testing.assert_array_equal(v.cache.numpy(), v.snapshots.numpy()[0])
+
+
+def test_building_late_is_a_clear_error():
+    x, y = _digits()
+    with tfgc.compressed_pulls():
+        model = _model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                    pull_compression=C.Int8())
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(RuntimeError, match="optimizer.build"):
+        model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+
+
+def test_checkpoint_holds_the_master(tmp_path):
+    v = tfgc.get_variable("w", [8, 8], initializer="ones")
+    tf.train.Checkpoint(v=v).write(str(tmp_path / "ckpt"))
+    w = tf.Variable(tf.zeros([8, 8]))
+    tf.train.Checkpoint(v=w).read(str(tmp_path / "ckpt")).assert_consumed()
+    np.testing.assert_array_equal(w.numpy(), np.ones([8, 8]))

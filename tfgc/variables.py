@@ -1,0 +1,380 @@
+"""3LC's compressed model pulls: variables that workers read from a local cache.
+
+A parameter server holds each model variable (the *master*). A worker does not read
+the master on every step; it keeps a *cache* of it and, before its first read in a
+step, pulls the compressed difference:
+
+    on the PS:      delta = master - snapshot[w]        (what worker w has not seen)
+                    payload = encode(delta)
+                    snapshot[w] += decode(payload)
+    on worker w:    cache += decode(payload)
+
+Only the payload crosses PS -> worker. `snapshot[w]` always equals worker w's cache, so
+what one pull leaves out stays in the next delta: this is 3LC's error accumulation for
+pulls, kept per worker because ParameterServerStrategy runs workers asynchronously.
+A worker whose cache is new (first step, or a restarted worker whose per-worker
+variables were recreated) first does one full fp32 pull, so it never diverges.
+
+Gradients are taken with respect to the cache, and `DistributedOptimizer` applies them
+to the master (pushed compressed as usual).
+
+Use `get_variable` for variables you create yourself, or `compressed_pulls()` around
+model construction so that a Keras model's own weights are created this way. Pulls
+are compressed with the `pull_compression` codec of the `DistributedOptimizer` that
+builds with these variables; until one does, reads go to the master uncompressed.
+Under ParameterServerStrategy the cache is a per-worker variable; with no strategy
+the same mechanism runs in one process (one worker) so accuracy can be studied
+locally. Under all-reduce strategies there are no pulls and variables are created
+as usual.
+"""
+import contextlib
+import threading
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.framework import ops, tensor_conversion_registry
+from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+from tensorflow.python.trackable import base as trackable
+
+from tfgc.codecs import base
+
+DEFAULT_MIN_ELEMENTS = 1024
+_state = threading.local()  # set while this module creates its own buffers
+
+
+def get_variable(name, shape, dtype=tf.float32, initializer="glorot_uniform", trainable=True):
+    """Creates a model variable whose pulls from its parameter server can be compressed.
+
+    Same arguments as `Layer.add_weight`. Call it inside `strategy.scope()`: the master
+    is placed on a parameter server as any variable, and its per-worker snapshots on
+    the same server, its cache on each worker. Trainable floating variables get these
+    buffers whatever their size; others are returned as plain variables.
+
+    Args:
+      name: variable name.
+      shape: fully defined shape.
+      dtype: variable dtype.
+      initializer: a Keras initializer, its name, or a callable (shape, dtype) -> tensor.
+      trainable: whether gradients update it.
+
+    Returns:
+      A `PulledVariable` (usable wherever a tf.Variable is), or a tf.Variable when the
+      variable is not trainable, not floating, or the strategy has no pulls.
+    """
+    import tf_keras
+
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        raise ValueError(f"get_variable needs a fully defined shape, got {shape}")
+    init = tf_keras.initializers.get(initializer)
+    master = tf.Variable(
+        lambda: init(shape, dtype), dtype=dtype, name=name, trainable=trainable
+    )
+    return _maybe_pulled(master, min_elements=0)
+
+
+@contextlib.contextmanager
+def compressed_pulls(min_elements=DEFAULT_MIN_ELEMENTS):
+    """Creates the trainable variables made in this scope as `PulledVariable`s.
+
+    Enter it inside `strategy.scope()` around model construction:
+
+        with strategy.scope(), tfgc.compressed_pulls():
+            model = make_model()
+
+    Args:
+      min_elements: smaller variables (biases, batch norm) stay plain variables and
+        are pulled uncompressed, as 3LC does.
+    """
+
+    def creator(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        if getattr(_state, "creating_buffers", False):
+            return variable
+        return _maybe_pulled(variable, min_elements)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+def _maybe_pulled(master, min_elements):
+    strategy = tf.distribute.get_strategy()
+    if not (master.trainable and master.dtype.is_floating):
+        return master
+    if master.shape.num_elements() < min_elements:
+        return master
+    if not (_is_parameter_server(strategy) or not tf.distribute.has_strategy()):
+        return master  # all-reduce strategies: every replica holds the model, no pulls
+    return PulledVariable(master)
+
+
+def _is_parameter_server(strategy):
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+class PulledVariable(resource_variable_ops.BaseResourceVariable):
+    """A model variable read on workers from a cache kept up to date by compressed pulls.
+
+    Eager reads (on the coordinator), assignments and checkpoints go to the master.
+    Reads inside a traced replica function (a training or evaluation step) pull first
+    and then read the cache; gradients of those reads flow to this variable, and
+    `DistributedOptimizer` applies them to `master`.
+
+    Attributes:
+      master: the variable on the parameter server.
+      cache: the worker's copy (a per-worker variable under ParameterServerStrategy).
+      snapshots: on the master's server, one row per worker: what that worker's cache
+        holds.
+      synced: per worker, whether its cache has had its first full pull.
+    """
+
+    def __init__(self, master):  # pylint: disable=super-init-not-called
+        # Like TF's own variable wrappers, this one holds no resource of its own.
+        self._master = master
+        strategy = tf.distribute.get_strategy()
+        workers = strategy._num_workers if _is_parameter_server(strategy) else 1  # noqa: SLF001
+        per_worker = _is_parameter_server(strategy)
+        base_name = master.name.split(":")[0]
+        _state.creating_buffers = True
+        try:
+            self.cache = _variable(tf.zeros(master.shape, master.dtype), f"{base_name}/pull_cache",
+                                   per_worker)
+            self.synced = _variable(tf.constant(False), f"{base_name}/pull_synced", per_worker)
+            with _colocated_with(strategy, master):
+                self.snapshots = _variable(
+                    tf.zeros([workers] + master.shape.as_list(), master.dtype),
+                    f"{base_name}/pull_snapshots", per_worker=False,
+                )
+        finally:
+            _state.creating_buffers = False
+        self._codec = None
+        self._count = None
+        self._pulled = weakref.WeakKeyDictionary()  # graph -> (cache handle, pull op)
+
+    @property
+    def master(self):
+        return self._master
+
+    @property
+    def pull_codec(self):
+        return self._codec
+
+    def enable_compressed_pulls(self, codec, count=None):
+        """Makes reads in replica functions pull through `codec` (done by the optimizer).
+
+        Args:
+          codec: the `tfgc.codecs.Codec` for this variable's deltas.
+          count: optional callable(payload_bytes) called when each pull is traced, to
+            add its bytes to traffic counters.
+        """
+        if not isinstance(codec, base.Codec):
+            raise TypeError(f"pull codec must be a tfgc codec, got {type(codec).__name__}")
+        self._codec, self._count = codec, count
+
+    # --- where reads go -------------------------------------------------------------
+
+    def _reads_cache(self):
+        return (
+            self._codec is not None
+            and not tf.executing_eagerly()
+            and not tf.distribute.in_cross_replica_context()
+        )
+
+    def _cache_state(self):
+        """(cache handle, pull op) of the current graph; the pull is added on first use."""
+        graph = ops.get_default_graph()
+        if graph not in self._pulled:
+            # One handle per graph: the tape watches and differentiates this tensor.
+            handle = self.cache.handle
+            self._pulled[graph] = (handle, None)
+            self._pulled[graph] = (handle, self._pull(handle))
+        return self._pulled[graph]
+
+    @property
+    def handle(self):
+        if self._reads_cache():
+            return self._cache_state()[0]
+        return self._master.handle
+
+    def _read_variable_op(self, no_copy=False):
+        del no_copy
+        if not self._reads_cache():
+            return self._master.value()
+        handle, pull = self._cache_state()
+        resource_variable_ops.variable_accessed(self)
+        with tf.control_dependencies([pull] if pull is not None else []):
+            return gen_resource_variable_ops.read_variable_op(handle, self.dtype)
+
+    def value(self):
+        return self._read_variable_op()
+
+    def read_value(self):
+        return tf.identity(self._read_variable_op())
+
+    def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+        del name, as_ref
+        if dtype is not None and not dtype.is_compatible_with(self.dtype):
+            raise ValueError(
+                f"Incompatible type conversion requested to type {dtype.name} for variable "
+                f"of type {self.dtype.name}"
+            )
+        return self._read_variable_op()
+
+    def _pull(self, cache):
+        """Adds the ops of one pull to the current graph; returns the op to wait for.
+
+        Args:
+          cache: the handle of this graph's cache. Per-worker variables are bound to a
+            worker when the function is called, which cond branches do not support,
+            so the branches use handles taken here.
+        """
+        codec, master, snapshots = self._codec, self._master, self.snapshots
+        synced = self.synced.handle
+        worker = _worker_index()
+        rows = tf.reshape(worker, [1])
+        # Encoding and decoding stay outside the cond: functions nested in a cond branch
+        # are not shipped to parameter-server workers. Only the payload crosses.
+        with tf.device(master.device):
+            payload = codec.encode(master.read_value() - tf.gather(snapshots, worker))
+            applied_on_ps = codec.decode(payload)
+        applied_here = codec.decode(payload)
+
+        def incremental_pull():
+            with tf.device(master.device):
+                snapshots.scatter_add(tf.IndexedSlices(applied_on_ps[None], rows))
+            gen_resource_variable_ops.assign_add_variable_op(cache, applied_here)
+            self._count_bytes(base.payload_nbytes(payload))
+            return tf.constant(0)
+
+        def full_pull():  # a new cache: the first step, or a restarted worker
+            with tf.device(master.device):
+                value = master.read_value()
+                snapshots.scatter_update(tf.IndexedSlices(value[None], rows))
+            gen_resource_variable_ops.assign_variable_op(cache, value)
+            gen_resource_variable_ops.assign_variable_op(synced, True)
+            self._count_bytes(_dense_bytes(master))
+            return tf.constant(0)
+
+        is_synced = gen_resource_variable_ops.read_variable_op(synced, tf.bool)
+        return tf.cond(is_synced, incremental_pull, full_pull)
+
+    def _count_bytes(self, payload_bytes):
+        if self._count is not None:
+            self._count(payload_bytes)
+
+    # --- the rest behaves as the master ---------------------------------------------
+
+    def __getattr__(self, name):
+        if name.startswith("_master"):
+            raise AttributeError(name)
+        return getattr(self._master, name)
+
+    def assign(self, value, use_locking=None, name=None, read_value=True):
+        return self._master.assign(value, use_locking, name, read_value)
+
+    def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+        return self._master.assign_add(delta, use_locking, name, read_value)
+
+    def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+        return self._master.assign_sub(delta, use_locking, name, read_value)
+
+    def sparse_read(self, indices, name=None):
+        return tf.gather(self.value(), indices, name=name)
+
+    def numpy(self):
+        return self._master.numpy()
+
+    @property
+    def initializer(self):
+        return self._master.initializer
+
+    @property
+    def initial_value(self):
+        return self._master.initial_value
+
+    @property
+    def op(self):
+        return self._master.op
+
+    @property
+    def graph(self):
+        return self._master.graph
+
+    @property
+    def device(self):
+        return self._master.device
+
+    @property
+    def shape(self):
+        return self._master.shape
+
+    def get_shape(self):
+        return self._master.shape
+
+    @property
+    def dtype(self):
+        return self._master.dtype
+
+    @property
+    def name(self):
+        return self._master.name
+
+    @property
+    def trainable(self):
+        return self._master.trainable
+
+    @property
+    def synchronization(self):
+        return self._master.synchronization
+
+    @property
+    def aggregation(self):
+        return self._master.aggregation
+
+    @property
+    def constraint(self):
+        return self._master.constraint
+
+    def _should_act_as_resource_variable(self):
+        """Passes resource_variable_ops.is_resource_variable."""
+
+    def _gather_saveables_for_checkpoint(self):
+        # Checkpoints hold the master; caches resynchronise with a full pull.
+        return {trackable.VARIABLE_VALUE_KEY: self._master}
+
+    def __repr__(self):
+        return f"<PulledVariable of {self._master!r}>"
+
+    def __array__(self, dtype=None):
+        return self._master.__array__(dtype)
+
+
+def _variable(initial_value, name, per_worker):
+    if per_worker:
+        return tf.Variable(initial_value, trainable=False, name=name, per_worker_variable=True)
+    return tf.Variable(initial_value, trainable=False, name=name)
+
+
+@contextlib.contextmanager
+def _colocated_with(strategy, variable):
+    if _is_parameter_server(strategy):
+        with strategy.extended.colocate_vars_with(variable):
+            yield
+    else:
+        yield
+
+
+def _worker_index():
+    if _is_parameter_server(tf.distribute.get_strategy()):
+        return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
+    return tf.constant(0, tf.int32)
+
+
+def _dense_bytes(variable):
+    return variable.shape.num_elements() * variable.dtype.size
+
+
+tensor_conversion_registry.register_tensor_conversion_function(
+    PulledVariable, lambda var, dtype=None, name=None, as_ref=False:
+    var._dense_var_to_tensor(dtype, name, as_ref)  # noqa: SLF001
+)
