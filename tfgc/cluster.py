@@ -549,8 +549,9 @@ class LocalCluster:
         this process is gone, so none outlives a crashed test.
       env: extra environment variables for the processes started, e.g.
         `{"TF_DUMP_GRAPH_PREFIX": dir, "TF_DUMP_GRAPH_NAME_FILTER": "*"}` to dump the
-        graphs they run. A value of None removes the variable. By default they get
-        `TF_CPP_MIN_LOG_LEVEL=2`.
+        graphs they run. A value of None removes the variable; "{job}" and "{index}"
+        in a value become the task's job and index (e.g. a dump directory per task).
+        By default they get `TF_CPP_MIN_LOG_LEVEL=2`.
       log_dir: where each task writes `<job>-<index>.log` (stdout and stderr). By
         default a temporary directory, removed when the cluster stops cleanly.
       start_timeout_s: how long to wait for all servers to listen.
@@ -703,14 +704,14 @@ class LocalCluster:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=self._child_env(),
+            env=self._child_env(job, index),
             # Own session: a Ctrl-C in the terminal reaches only this process,
             # which then stops the servers in order.
             start_new_session=True,
         )
         self._pids[job][index] = self._procs[(job, index)].pid
 
-    def _child_env(self):
+    def _child_env(self, job, index):
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)  # servers get their role from the command line
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -723,7 +724,7 @@ class LocalCluster:
             if value is None:
                 env.pop(key, None)
             else:
-                env[key] = str(value)
+                env[key] = str(value).replace("{job}", job).replace("{index}", str(index))
         return env
 
     def _wait_until_listening(self, keys):
@@ -913,14 +914,14 @@ class LocalCluster:
         self._require_started()
         if isinstance(argv, str):
             argv = [argv]
-        base_env = self._child_env()
-        for key, value in (env or {}).items():
-            if value is None:
-                base_env.pop(key, None)
-            else:
-                base_env[key] = str(value)
         for index in range(self.num_workers):
-            child_env = dict(base_env, TF_CONFIG=json.dumps(self.tf_config("worker", index)))
+            child_env = self._child_env("worker", index)
+            for key, value in (env or {}).items():
+                if value is None:
+                    child_env.pop(key, None)
+                else:
+                    child_env[key] = str(value).replace("{index}", str(index))
+            child_env["TF_CONFIG"] = json.dumps(self.tf_config("worker", index))
             out_path = os.path.join(self.log_dir, f"worker-{index}.out")
             err_path = os.path.join(self.log_dir, f"worker-{index}.err")
             prefix = self._net.exec_prefix(("worker", index)) if self._net else []
