@@ -17,6 +17,19 @@ Strategies:
   TF_CONFIG each); ``--steps`` counts synchronous steps of a global batch of
   ``--batch-size`` x ``--workers``.
 
+Real clusters (``--tf-config``): every task gets its own ``TF_CONFIG``. For ``ps``, the
+parameter servers and workers run a server that has loaded tfgc's ops::
+
+    python -c "import json, os, tfgc, tensorflow as tf; c = json.loads(os.environ['TF_CONFIG']); \
+        tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), c['task']['type'], \
+        c['task']['index'], protocol='grpc', start=True).join()"
+
+and the chief task runs ``python -m models.train --strategy ps --tf-config ...``. For
+``mwms`` every worker task runs ``python -m models.train --strategy mwms --tf-config ...``
+(worker 0 writes the outputs). On a GPU machine ``--strategy local`` trains on the GPU
+as it is; the full CIFAR-10 reproduction of 3LC is ResNet-110 for 64k steps of batch 32
+per worker: ``--model resnet110 --steps 64000 --dataset cifar10 --manual-dir DIR``.
+
 Outputs under ``--out`` (default runs/<name>): ``history.csv`` (per step: time, loss,
 accuracy, push bytes), ``summary.json`` (the run's settings, dataset actually used,
 test accuracy, bytes per step, step time), ``tensorboard/`` and ``plot.png`` (loss and
@@ -306,7 +319,17 @@ def train(args):
         "command": "python -m models.train " + " ".join(args.argv),
     }
     is_chief, cluster = True, None
-    if args.strategy == "ps":
+    if args.strategy == "ps" and args.tf_config:
+        # A real cluster described by $TF_CONFIG; this process is its chief.
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        if resolver.task_type != "chief":
+            raise ValueError("with --strategy ps --tf-config, run models.train as the chief "
+                             f"task (TF_CONFIG task type is {resolver.task_type!r}); ps and "
+                             "worker tasks run tf.distribute.Server after `import tfgc`")
+        spec = resolver.cluster_spec().as_dict()
+        summary.update(workers=len(spec.get("worker", [])), ps=len(spec.get("ps", [])))
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    elif args.strategy == "ps":
         from tfgc import cluster as cluster_lib
 
         cluster = cluster_lib.LocalCluster(
@@ -316,7 +339,9 @@ def train(args):
         strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
     elif args.strategy == "mwms":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        is_chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
+        tf_config = json.loads(os.environ["TF_CONFIG"])
+        is_chief = tf_config["task"]["index"] == 0
+        summary["workers"] = len(tf_config["cluster"]["worker"])
     else:
         strategy = tf.distribute.get_strategy()
     out = args.out if is_chief else tempfile.mkdtemp(prefix="tfgc-train-worker-")
@@ -522,6 +547,9 @@ def build_parser():
     add("--timeout", type=float, default=1800,
         help="cluster processes exit after this many seconds")
     add("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
+    add("--tf-config", action="store_true",
+        help="use the cluster in $TF_CONFIG instead of starting local processes (ps: run "
+             "this as the chief task; mwms: run this in every worker task)")
     add("--_worker", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -545,17 +573,24 @@ def main(argv=None):
         parser.error("--bandwidth applies to --strategy ps")
     # A SIGTERM becomes a normal exit, so clusters and workers are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.tf_config:
+        if "TF_CONFIG" not in os.environ:
+            parser.error("--tf-config needs the TF_CONFIG environment variable")
+        if args.strategy == "local":
+            parser.error("--tf-config applies to --strategy ps or mwms")
+        if args.strategy == "mwms":
+            args._worker = True
     if args.strategy == "mwms" and not args._worker:
         os.makedirs(args.out, exist_ok=True)
         summary = launch_workers(args, args.argv)
     else:
         summary = train(args)
-    if not args._worker:
+    if not args._worker or summary.get("test_accuracy") is not None and args.tf_config:
         print(json.dumps({k: summary.get(k) for k in (
             "name", "dataset", "substitute_for", "test_accuracy", "step_time_s",
             "push_bytes_per_step", "payload_ratio", "socket_worker_to_ps_bytes_per_step",
             "socket_ps_to_worker_bytes_per_step")}))
-    if args.strategy == "ps":
+    if args.strategy == "ps" and not args.tf_config:
         # The cluster is stopped and every output written; a normal interpreter exit
         # would now free the remaining cluster functions, and TensorFlow would log an
         # error for each one it can no longer unregister on the stopped servers.
