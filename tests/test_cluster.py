@@ -390,3 +390,119 @@ def test_run_workers_kills_all_on_timeout_and_after_a_failure(tmp_path):
     c.stop()
     assert [r.returncode for r in results] == [5, -signal.SIGKILL]
     assert not any(r.timed_out for r in results)
+
+
+needs_emulation = pytest.mark.skipif(
+    cluster.emulation_unavailable() is not None,
+    reason=str(cluster.emulation_unavailable()),
+)
+
+
+def netns_of(pid):
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+# Worker 0 receives on its TF_CONFIG address for a few seconds, worker 1 sends as fast
+# as it can; each reports what it saw. No TensorFlow: it measures the links alone.
+THROUGHPUT = """
+import json, os, socket, subprocess, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+index = config["task"]["index"]
+host, port = config["cluster"]["worker"][0].rsplit(":", 1)
+info = {"netns": os.readlink("/proc/self/ns/net"),
+        "routes": subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout,
+        "links": subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout}
+if index == 0:
+    server = socket.create_server((host, int(port)))
+    conn, _ = server.accept()
+    total, start = 0, None
+    while True:
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            break
+        start = start or time.monotonic()
+        total += len(chunk)
+    info.update(received=total, seconds=time.monotonic() - start)
+else:
+    for _ in range(100):
+        try:
+            conn = socket.create_connection((host, int(port)))
+            break
+        except OSError:
+            time.sleep(0.1)
+    deadline = time.monotonic() + float(sys.argv[1])
+    block = b"x" * (1 << 16)
+    while time.monotonic() < deadline:
+        conn.sendall(block)
+    conn.close()
+print(json.dumps(info))
+"""
+
+
+@needs_emulation
+def test_bandwidth_emulation_shapes_links_in_private_namespaces(tmp_path):
+    script = tmp_path / "throughput.py"
+    script.write_text(THROUGHPUT)
+    before_ns = set(cluster._netns_list())
+    before_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    with cluster.LocalCluster(num_ps=0, num_workers=2, bandwidth="20mbit") as c:
+        addresses = c.addresses["worker"]
+        results = c.run_workers([str(script), "3"], timeout_s=60, check=True)
+    hosts = [a.rsplit(":", 1)[0] for a in addresses]
+    assert all(h.startswith("10.") for h in hosts) and len(set(hosts)) == 2
+    info = [json.loads(r.stdout) for r in results]
+    # Each task in a namespace of its own, with one link and one on-link route.
+    assert len({i["netns"] for i in info} | {netns_of(os.getpid())}) == 3
+    for i in info:
+        assert "default" not in i["routes"] and len(i["routes"].strip().splitlines()) == 1
+        assert [l.split(":")[1].strip().split("@")[0] for l in i["links"].splitlines()] == [
+            "lo", "eth0"]
+    # 20 Mbit/s, measured at the receiver over ~3 s (TCP ramp-up costs a little).
+    rate = info[0]["received"] * 8 / info[0]["seconds"]
+    assert 0.7 * 20e6 < rate < 1.1 * 20e6, rate
+    # Everything is gone again.
+    assert set(cluster._netns_list()) == before_ns
+    after_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert len(after_links.splitlines()) == len(before_links.splitlines())
+
+
+@needs_emulation
+def test_bandwidth_emulation_parameter_servers_and_socket_bytes(tmp_path):
+    with cluster.LocalCluster(num_ps=1, num_workers=1, bandwidth="100mbit",
+                              timeout_s=120) as c:
+        ps_host, ps_port = c.addresses["ps"][0].rsplit(":", 1)
+        chief_host = c.addresses["chief"][0].rsplit(":", 1)[0]
+        assert ps_host != chief_host and ps_host.startswith("10.")
+        pids = c.pids["ps"] + c.pids["worker"]
+        assert all(netns_of(p) != netns_of(os.getpid()) for p in pids)
+        assert netns_of(pids[0]) != netns_of(pids[1])
+        # An HTTP/2 client preface to the ps's gRPC server: the connection stays open,
+        # and its bytes are found from both ends across the namespaces.
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        with socket.create_connection((ps_host, int(ps_port)), timeout=5) as conn:
+            conn.sendall(preface)
+            conn.recv(64)  # the server's SETTINGS
+            rows = c.socket_bytes()
+            assert c.traffic_between("chief", "ps", rows=rows) == len(preface) + 1  # +SYN
+            at_ps = [r for r in rows if (r["local_job"], r["peer_job"]) == ("ps", "chief")]
+            assert at_ps and at_ps[0]["bytes_received"] == len(preface)
+        namespaces = [n for n in cluster._netns_list() if n.startswith(f"tfgc-{os.getpid()}-")]
+        assert len(namespaces) == 3  # hub, ps0, worker0
+    assert wait_gone(pids, timeout_s=5) == []
+    assert not [n for n in cluster._netns_list() if n.startswith(f"tfgc-{os.getpid()}-")]
+
+
+def test_bandwidth_emulation_errors():
+    with pytest.raises(ValueError, match="10mbit"):
+        cluster.LocalCluster(bandwidth="10 megabits")
+    assert cluster.parse_rate("10mbit") == 10e6 and cluster.parse_rate("1gbit") == 1e9
+    assert cluster.parse_rate("125kbps") == 1e6
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster.os, "geteuid", lambda: 1000)
+        with pytest.raises(cluster.ClusterError, match="needs root"):
+            cluster.LocalCluster(num_ps=0, num_workers=1, bandwidth="10mbit").start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster.os, "geteuid", lambda: 0)
+        mp.setattr(cluster.shutil, "which", lambda tool: None if tool == "tc" else "/x")
+        with pytest.raises(cluster.ClusterError, match="tc from iproute2"):
+            cluster.LocalCluster(num_ps=0, num_workers=1, bandwidth="10mbit").start()

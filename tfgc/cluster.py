@@ -98,7 +98,9 @@ class WorkerResult:
       pid: its process id.
       returncode: its exit status (negative: killed by that signal, e.g. -9 when the
         launcher killed it after a timeout or after another worker failed).
-      stdout_path, stderr_path: files holding its output.
+      stdout, stderr: its output (read when it ended, so still here after the
+        cluster removed its log directory).
+      stdout_path, stderr_path: the files that held it.
       duration_s: seconds from start to exit.
       timed_out: it was still running at the time limit and was killed.
     """
@@ -106,20 +108,12 @@ class WorkerResult:
     index: int
     pid: int
     returncode: int
+    stdout: str
+    stderr: str
     stdout_path: str
     stderr_path: str
     duration_s: float
     timed_out: bool = False
-
-    @property
-    def stdout(self):
-        """The worker's standard output (read from `stdout_path`)."""
-        return _read(self.stdout_path)
-
-    @property
-    def stderr(self):
-        """The worker's standard error (read from `stderr_path`)."""
-        return _read(self.stderr_path)
 
 
 def _read(path):
@@ -983,6 +977,7 @@ class LocalCluster:
             self._kill_workers()
         results = [
             WorkerResult(index=i, pid=proc.pid, returncode=proc.returncode,
+                         stdout=_read(out), stderr=_read(err),
                          stdout_path=out, stderr_path=err, duration_s=ended.get(i, 0.0),
                          timed_out=i in timed_out)
             for i, (proc, _, out, err) in sorted(self._worker_procs.items())
