@@ -44,6 +44,9 @@ from tfgc.codecs import base, bitpack, identity
 from tfgc.codecs.stochastic import QSGD
 
 WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
+# Python control flow here only ever tests Python values; converting it with autograph
+# would only slow tracing down.
+_plain_python = tf.autograph.experimental.do_not_convert
 PHASES = ("warmup", "sampling", "compressed")
 
 
@@ -241,13 +244,16 @@ class GradiVeQLayer(tf.Module, base.Codec):
 
     # --- the codec face (one process, ParameterServerStrategy) ---------------------------
 
+    @_plain_python
     def encode(self, x):
         return self._encode(x, num_workers=1)
 
+    @_plain_python
     def encode_and_reconstruct(self, x):
         payload = self._encode(x, num_workers=1)
         return payload, self._reconstruct(payload)
 
+    @_plain_python
     def decode(self, payload):
         """Decodes `payload` and advances the schedule by one step (see the class doc)."""
         total = self._reconstruct(payload)
@@ -310,6 +316,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
 
     # --- the all-reduce face (Mirrored / MultiWorkerMirroredStrategy) ---------------------
 
+    @_plain_python
     def all_reduce(self, gradient, replica_context):
         """Sums every replica's `gradient` as the current phase says; advances the schedule.
 
@@ -422,6 +429,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
             self.step.assign_add(1),
         )
 
+    @_plain_python
     def refresh(self):
         """PCA over the stored samples: sets mu, U_d and d (Eq. 6). Returns True.
 
