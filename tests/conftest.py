@@ -19,11 +19,11 @@ def run_python(tmp_path):
     """Runs a Python script in a fresh process (for code that changes TF's global
     context, such as logical devices or a cluster connection); returns its stdout."""
 
-    def run(source, timeout):
+    def run(source, timeout, args=()):
         script = tmp_path / "script.py"
         script.write_text(source)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                               timeout=timeout, env=env)
         assert done.returncode == 0, done.stderr[-4000:]
         return done.stdout

@@ -38,10 +38,8 @@ def test_wrapped_optimizer_keeps_class_and_hyperparameters():
 
 
 def test_rejects_what_it_cannot_do():
-    import keras
-
-    with pytest.raises(NotImplementedError, match="tf_keras"):
-        tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=C.ThreeLC())
+    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+        tfgc.DistributedOptimizer(object(), compression=C.ThreeLC())
     with pytest.raises(TypeError, match="pull_compression"):
         tfgc.DistributedOptimizer(
             tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(), pull_compression="int8"
@@ -101,38 +99,75 @@ def test_residuals_checkpoint_by_position(tmp_path, rng):
 
 MIRRORED_SCRIPT = textwrap.dedent(
     """
+    import sys
     import numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    import tf_keras, tfgc
+    import keras, tf_keras, tfgc
     C = tfgc.codecs
+    keras3 = sys.argv[1] == "keras3"
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     rng = np.random.default_rng(0)
     grads = [rng.normal(size=[50, 40]).astype(np.float32) for _ in range(2)]
+    bias_grads = [rng.normal(size=[7]).astype(np.float32) for _ in range(2)]
     for codec in (C.NoCompression(), C.ThreeLC(1.0), C.Quantize(4)):
         with strategy.scope():
-            var = tf.Variable(np.zeros([50, 40], np.float32))
-            opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=codec)
+            make = keras.Variable if keras3 else tf.Variable
+            var, bias = make(np.zeros([50, 40], np.float32)), make(np.zeros([7], np.float32))
+            inner = keras.optimizers.SGD(1.0) if keras3 else tf_keras.optimizers.SGD(1.0)
+            opt = tfgc.DistributedOptimizer(inner, compression=codec)
+            opt.build([var, bias])
 
         @tf.function
         def step():
             def replica_fn():
                 r = tf.distribute.get_replica_context().replica_id_in_sync_group
                 g = tf.gather(tf.constant(np.stack(grads)), r)
-                opt.apply_gradients([(g, var)])
+                b = tf.gather(tf.constant(np.stack(bias_grads)), r)
+                opt.apply_gradients([(g, var), (b, bias)])
             strategy.run(replica_fn)
 
         step()
         expected = -sum(codec.decode(codec.encode(g)).numpy() for g in grads)
-        np.testing.assert_allclose(var.numpy(), expected, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(var.numpy()), expected, atol=1e-5)
+        # Below min_elements: all-reduced as it is.
+        np.testing.assert_allclose(np.asarray(bias.numpy()), -sum(bias_grads), atol=1e-6)
+        assert int(opt.traffic["push_dense_bytes"]) == 2 * (50 * 40 + 7) * 4  # both replicas
         print("ok", codec)
     """
 )
 
 
 @pytest.mark.slow
-def test_mirrored_sums_every_replicas_decoded_gradient(run_python):
-    assert run_python(MIRRORED_SCRIPT, timeout=300).count("ok") == 3
+@pytest.mark.parametrize("keras_version", ["tf_keras", "keras3"])
+def test_mirrored_sums_every_replicas_decoded_gradient(run_python, keras_version):
+    assert run_python(MIRRORED_SCRIPT, timeout=300, args=[keras_version]).count("ok") == 3
+
+
+def test_keras3_fit_single_process_learns_and_counts():
+    import keras
+
+    x, y = digits()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)
+    ])
+    opt = tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0))
+    assert isinstance(opt, keras.optimizers.SGD) and type(opt).__name__ == "DistributedSGD"
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    assert history.history["accuracy"][-1] > 0.85
+    assert int(opt.iterations) == 3 * 57
+    traffic = {k: int(v) for k, v in opt.traffic.items()}
+    assert traffic["push_dense_bytes"] == 3 * 57 * (64 * 128 + 128 + 128 * 10 + 10) * 4
+    assert traffic["push_bytes"] < traffic["push_dense_bytes"] / 10
+    assert len(opt._residuals) == 2  # the two kernels
+    again = type(opt).from_config(opt.get_config())
+    assert repr(again.compression) == "ThreeLC(sparsity=1.0)"
+    with pytest.raises(NotImplementedError, match="tf_keras"):
+        tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                  pull_compression=C.Int8())
 
 
 def test_traffic_logger_reports_each_step(tmp_path):

@@ -42,7 +42,9 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     optimizer's. Wrap an optimizer before training: its slots are not copied.
 
     Args:
-      optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`).
+      optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`), or a Keras 3
+        optimizer for single-process and all-reduce training (see
+        tfgc.keras3_optimizer).
       compression: a `tfgc.codecs.Codec` for gradients.
       pull_compression: a codec for model pulls from parameter servers (3LC): the
         variables this optimizer builds with that were created by
@@ -53,19 +55,22 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         accumulation) on the worker that produced it.
 
     Raises:
-      TypeError: `optimizer` is not a tf_keras optimizer or `compression` not a codec.
-      NotImplementedError: Keras 3 optimizers.
+      TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
+      NotImplementedError: a Keras 3 optimizer with `pull_compression`, or one without
+        the hook tfgc relies on.
     """
     import tf_keras
 
-    if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
-        if type(optimizer).__module__.startswith("keras"):
-            raise NotImplementedError(
-                "Keras 3 optimizers are not supported yet; use tf_keras (import tf_keras, "
-                "or TF_USE_LEGACY_KERAS=1), whose model.fit also runs under "
-                "ParameterServerStrategy"
-            )
-        raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, tf_keras.optimizers.Optimizer):
+        make_class = distributed_class
+    elif type(optimizer).__module__.startswith("keras"):
+        from tfgc.keras3_optimizer import keras3_distributed_class  # noqa: PLC0415
+
+        make_class = keras3_distributed_class
+    else:
+        raise TypeError(
+            f"expected a tf_keras or Keras 3 optimizer, got {type(optimizer).__name__}"
+        )
     for what, codec in (("compression", compression), ("pull_compression", pull_compression)):
         if codec is not None and not isinstance(codec, base.Codec):
             raise TypeError(f"{what} must be a tfgc codec, got {type(codec).__name__}")
@@ -76,7 +81,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         compression=compression, pull_compression=pull_compression,
         min_elements=min_elements, error_feedback=error_feedback,
     )
-    return distributed_class(type(optimizer)).from_config(config)
+    return make_class(type(optimizer)).from_config(config)
 
 
 _DISTRIBUTED_CLASSES = {}
@@ -91,12 +96,15 @@ def distributed_class(optimizer_class):
     return _DISTRIBUTED_CLASSES[optimizer_class]
 
 
-class _CompressingMixin:
-    """Overrides `build` (residual buffers) and `apply_gradients` (the wire)."""
+class CompressingBase:
+    """What tfgc's optimizer subclasses share, whichever Keras they extend: the codec
+    bound to each variable, error-feedback buffers, traffic counters and the wires.
 
-    def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True, **kwargs):
-        super().__init__(*args, **kwargs)
+    Subclasses call `_init_compression` from `__init__` and `_build_compression` from
+    `build`, and define `_variable_index`.
+    """
+
+    def _init_compression(self, compression, pull_compression, min_elements, error_feedback):
         if isinstance(compression, dict):
             compression = codecs.deserialize(compression)
         if isinstance(pull_compression, dict):
@@ -113,8 +121,11 @@ class _CompressingMixin:
         self._traffic = None
         self._traffic_columns = {}
 
-    def get_config(self):
-        config = super().get_config()
+    def _variable_index(self, variable):
+        """The variable's position in the optimizer (as for its slots)."""
+        raise NotImplementedError
+
+    def _compression_config(self, config):
         config.update(
             compression=codecs.serialize(self.compression),
             pull_compression=(
@@ -133,9 +144,8 @@ class _CompressingMixin:
             and variable.shape.num_elements() >= self.min_elements
         )
 
-    def build(self, var_list):
-        var_list = [self._master_of(v) for v in var_list]
-        super().build(var_list)
+    def _build_compression(self, var_list):
+        """Creates the traffic counters, bound codecs and residuals of `var_list`."""
         if self._traffic is None:
             self._traffic_columns = {self._var_key(v): i for i, v in enumerate(var_list)}
             self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
@@ -158,6 +168,14 @@ class _CompressingMixin:
             if self.error_feedback:
                 self._residuals[self._residual_key(variable)] = _residual_variable(variable)
 
+    def _key(self, variable):
+        # Positions are stable across processes, so checkpoints restore state to the
+        # right variables.
+        return f"codec_{self._variable_index(variable)}"
+
+    def _residual_key(self, variable):
+        return f"residual_{self._variable_index(variable)}"
+
     def _master_of(self, variable):
         """The variable updates go to; enables compressed pulls of a `PulledVariable`."""
         if not isinstance(variable, PulledVariable):
@@ -176,14 +194,6 @@ class _CompressingMixin:
                 count=lambda payload_bytes: self._record("pull", [(master, payload_bytes)]),
             )
         return variable.master
-
-    def _key(self, variable):
-        # The variable's position in the optimizer (as for its slots): stable across
-        # processes, so checkpoints restore state to the right variables.
-        return f"codec_{self._index_dict[self._var_key(variable)]}"
-
-    def _residual_key(self, variable):
-        return f"residual_{self._index_dict[self._var_key(variable)]}"
 
     @property
     def traffic(self):
@@ -229,38 +239,25 @@ class _CompressingMixin:
         """The codec bound to `variable` (see `Codec.bind`)."""
         return self._codecs[self._key(variable)]
 
-    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
-                        **kwargs):
-        grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
-        if not grads_and_vars:
-            return super().apply_gradients(grads_and_vars, name=name)
-        with tf.init_scope():
-            self.build([v for _, v in grads_and_vars])
-        strategy = tf.distribute.get_strategy()
-        aggregate = not skip_gradients_aggregation and kwargs.pop(
-            "experimental_aggregate_gradients", True
-        )
-        if _is_parameter_server(strategy):
-            send, aggregate = self._push_to_variable_device, False
-        elif strategy.num_replicas_in_sync > 1 and aggregate:
-            send, aggregate = self._all_reduce, False
-        else:
-            send = self._round_trip
+    def _send_all(self, wire, grads_and_vars):
+        """Sends every gradient over `wire` and counts the bytes; returns the
+        (gradient as received, variable) pairs."""
         pairs, sent = [], []
         for gradient, variable in grads_and_vars:
             if gradient is not None:
-                gradient, payload_bytes = self._send(send, gradient, variable)
+                gradient, payload_bytes = self._send(wire, gradient, variable)
                 sent.append((variable, payload_bytes))
             pairs.append((gradient, variable))
         self._record("push", sent)
-        return super().apply_gradients(
-            pairs, name=name, skip_gradients_aggregation=not aggregate, **kwargs
-        )
+        return pairs
 
     def _send(self, wire, gradient, variable):
-        """Sends one gradient over `wire` if it is compressed; returns (the gradient as
-        received, payload bytes)."""
+        """Sends one gradient over `wire`, compressed if the variable is large enough;
+        returns (the gradient as received, payload bytes)."""
         if not self.compresses(variable):
+            if wire == self._all_reduce:  # pylint: disable=comparison-with-callable
+                context = tf.distribute.get_replica_context()
+                gradient = context.all_reduce(tf.distribute.ReduceOp.SUM, gradient)
             return gradient, _dense_bytes(variable)
         return wire(gradient, variable)
 
@@ -307,6 +304,48 @@ class _CompressingMixin:
             decoded = codec.decode({k: pieces[replica] for k, pieces in zip(payload, gathered)})
             total = decoded if total is None else total + decoded
         return total, payload_bytes
+
+
+class _CompressingMixin(CompressingBase):
+    """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire)."""
+
+    def __init__(self, *args, compression, pull_compression=None,
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_compression(compression, pull_compression, min_elements, error_feedback)
+
+    def get_config(self):
+        return self._compression_config(super().get_config())
+
+    def _variable_index(self, variable):
+        return self._index_dict[self._var_key(variable)]
+
+    def build(self, var_list):
+        var_list = [self._master_of(v) for v in var_list]
+        super().build(var_list)
+        self._build_compression(var_list)
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
+                        **kwargs):
+        grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
+        if not grads_and_vars:
+            return super().apply_gradients(grads_and_vars, name=name)
+        with tf.init_scope():
+            self.build([v for _, v in grads_and_vars])
+        strategy = tf.distribute.get_strategy()
+        aggregate = not skip_gradients_aggregation and kwargs.pop(
+            "experimental_aggregate_gradients", True
+        )
+        if _is_parameter_server(strategy):
+            send, aggregate = self._push_to_variable_device, False
+        elif strategy.num_replicas_in_sync > 1 and aggregate:
+            send, aggregate = self._all_reduce, False
+        else:
+            send = self._round_trip
+        pairs = self._send_all(send, grads_and_vars)
+        return super().apply_gradients(
+            pairs, name=name, skip_gradients_aggregation=not aggregate, **kwargs
+        )
 
 
 def _dense_bytes(variable):

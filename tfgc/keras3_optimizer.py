@@ -1,0 +1,71 @@
+"""DistributedOptimizer for Keras 3 optimizers (TensorFlow backend).
+
+Keras 3 sums gradients across replicas in one private method,
+`TFOptimizer._all_reduce_sum_gradients` (keras/src/backend/tensorflow/optimizer.py);
+the subclass made here overrides it, the narrowest hook there is, so every other step
+of `apply` (loss scaling, gradient accumulation, EMA, constraints, `iterations`) stays
+Keras's own. Being private, the hook is checked when an optimizer is wrapped; the
+keras versions it was verified with are pinned in the `keras` extra (pyproject.toml).
+
+Supported: single-process use (encode and decode locally) and all-reduce strategies
+(Mirrored, MultiWorkerMirrored). ParameterServerStrategy has no Keras 3 `fit`
+(keras-team/keras#18624): use tf_keras there.
+"""
+import tensorflow as tf
+
+from tfgc.optimizer import DEFAULT_MIN_ELEMENTS, CompressingBase, _is_parameter_server
+
+HOOK = "_all_reduce_sum_gradients"
+_CLASSES = {}
+
+
+def keras3_distributed_class(optimizer_class):
+    """The compressing subclass of a Keras 3 optimizer class (made once per class)."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
+
+    if not issubclass(optimizer_class, TFOptimizer) or not hasattr(TFOptimizer, HOOK):
+        raise NotImplementedError(
+            f"{optimizer_class.__name__} is not a Keras 3 optimizer of the TensorFlow "
+            f"backend with `{HOOK}`; set KERAS_BACKEND=tensorflow and use a keras version "
+            "from tfgc's `keras` extra, or use tf_keras"
+        )
+    if optimizer_class not in _CLASSES:
+        _CLASSES[optimizer_class] = type(
+            f"Distributed{optimizer_class.__name__}", (_Keras3Mixin, optimizer_class), {}
+        )
+    return _CLASSES[optimizer_class]
+
+
+class _Keras3Mixin(CompressingBase):
+    """Keras 3: overrides `build` (codecs, buffers) and the replicas' gradient sum."""
+
+    def __init__(self, *args, compression, pull_compression=None,
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if pull_compression is not None:
+            raise NotImplementedError(
+                "pull_compression needs parameter servers, which Keras 3 cannot train "
+                "with; use a tf_keras optimizer"
+            )
+        self._init_compression(compression, pull_compression, min_elements, error_feedback)
+
+    def get_config(self):
+        return self._compression_config(super().get_config())
+
+    def _variable_index(self, variable):
+        return self._get_variable_index(variable)
+
+    def build(self, variables):
+        super().build(variables)
+        # Keras variables wrap tf.Variables; the hook receives the latter.
+        with tf.init_scope():
+            self._build_compression([getattr(v, "value", v) for v in variables])
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        strategy = tf.distribute.get_strategy()
+        if _is_parameter_server(strategy):
+            raise NotImplementedError(
+                "Keras 3 has no ParameterServerStrategy training; use a tf_keras optimizer"
+            )
+        wire = self._all_reduce if strategy.num_replicas_in_sync > 1 else self._round_trip
+        return self._send_all(wire, grads_and_vars)
