@@ -124,9 +124,11 @@ class MQGradAgent(tf.Module):
     "uniform with probability epsilon", which would pick the greedy one 1 - epsilon/2 of
     the time).
 
-    Bits: the state's n_t never decreases. The bits sent, n_t + a_t, can drop back by one
-    after an exploratory ADD that the greedy policy did not endorse, because Eq. (3)
-    builds the next state from the greedy choice; that is the paper's rule, kept as is.
+    Bits: the state's n_t never decreases. The bits sent, n_t + a_t, follow Eq. (3)
+    literally, which has two consequences the paper does not spell out: they can drop
+    back by one after an exploratory ADD that the greedy policy did not endorse (the
+    next state is built from the greedy choice), and they can rise by two in one step
+    (a greedy ADD moves n_t and the next action adds one more).
 
     Discount and reward scale: the paper calls both gamma and sets gamma = 300. As a TD
     discount 300 makes the values diverge (the backup multiplies them by 300 every step),
@@ -417,6 +419,14 @@ class TimeModel:
 
 class MQGrad(tf_keras.callbacks.Callback):
     """Lets an `MQGradAgent` choose a `Quantize` codec's bits during `model.fit`.
+
+        with strategy.scope():
+            codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))
+            optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.2), codec)
+            model.compile(optimizer, loss)
+        mqgrad = tfgc.callbacks.MQGrad(optimizer, T=5, seed=0)
+        model.fit(data, callbacks=[mqgrad])
+        tf.train.Checkpoint(model=model, agent=mqgrad.agent).save(path)
 
     After every batch the callback recovers the batch loss from the logs (Keras logs the
     epoch's running mean; the batch's own loss is (k+1)·mean_k - k·mean_{k-1}), measures
