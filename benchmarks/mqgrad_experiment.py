@@ -1,0 +1,275 @@
+"""MQGrad vs fixed and adaptive bits: training loss against modelled time.
+
+Trains the same small CNN (MQGrad's architecture, narrower) on a real image dataset
+once per method, in one process, with gradients quantized by `tfgc.DistributedOptimizer`
+(no strategy: encode and decode locally, so the accuracy effect is exact). Time is
+modelled, not measured: every iteration costs a fixed compute time plus the bytes it
+pushed (as counted by the optimizer) both ways over a slow link (`TimeModel`), so the
+comparison is the paper's trade-off and does not depend on this machine's load. Each
+method trains until the same modelled time budget is spent.
+
+Methods: Fix(2), Fix(4), Fix(8) (`Quantize(bits=k)`), Adaptive (`AdaptiveQuantize`),
+MQGrad (`Quantize` + the `MQGrad` callback with the paper's hyperparameters).
+
+    python benchmarks/mqgrad_experiment.py                 # writes benchmarks/mqgrad_*.{json,png}
+    python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+import tfgc  # noqa: E402
+from tfgc import mqgrad  # noqa: E402
+
+METHODS = ("Fix(2)", "Fix(4)", "Fix(8)", "Adaptive", "MQGrad")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load(name, limit, test_limit):
+    """Training and test images as float32 in [0, 1], one channel when the source has one."""
+    from models.data import load_images
+
+    data = load_images(name, limit=limit, test_limit=test_limit)
+    x_train, x_test = data.x_train, data.x_test
+    if data.name == "fashion_mnist":  # stored padded to 32x32x3; the channels are equal
+        x_train, x_test = x_train[..., :1], x_test[..., :1]
+    scale = lambda x: x.astype("float32") / 255.0  # noqa: E731
+    return data, scale(x_train), data.y_train, scale(x_test), data.y_test
+
+
+def build_model(input_shape, num_classes, seed):
+    """MQGrad's CNN shape (two 5x5 convolutions with pooling, two FC layers, softmax), narrower."""
+    tf_keras.utils.set_random_seed(seed)
+    layers = tf_keras.layers
+    return tf_keras.Sequential([
+        tf_keras.Input(shape=input_shape),
+        layers.Conv2D(32, 5, padding="same", activation="relu"),
+        layers.MaxPooling2D(3, strides=2),
+        layers.Conv2D(32, 5, padding="same", activation="relu"),
+        layers.MaxPooling2D(3, strides=2),
+        layers.Flatten(),
+        layers.Dense(384, activation="relu"),
+        layers.Dense(192, activation="relu"),
+        layers.Dense(num_classes),
+    ])
+
+
+class ModelledClock(tf_keras.callbacks.Callback):
+    """Charges every step compute + bytes / bandwidth and stops at the time budget.
+
+    Records per step: modelled time so far (s), batch loss, bytes pushed, wall time.
+    """
+
+    def __init__(self, optimizer, time_model, budget_s, dense_fraction_bytes):
+        super().__init__()
+        self.optimizer, self.time_model, self.budget_s = optimizer, time_model, budget_s
+        self.uncompressed_bytes, self.compressed_values = dense_fraction_bytes
+        self.rows, self.elapsed_s, self._last_bytes, self._previous = [], 0.0, 0, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._previous = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        wall_ms = 1000 * (time.perf_counter() - self._start)
+        pushed = int(self.optimizer.traffic["push_bytes"].numpy())
+        step_bytes, self._last_bytes = pushed - self._last_bytes, pushed
+        mean = float(logs["loss"])
+        if self._previous is None:
+            loss = mean
+        else:  # Keras logs the epoch's running mean
+            seen, previous = self._previous
+            loss = ((batch + 1) * mean - seen * previous) / (batch + 1 - seen)
+        self._previous = (batch + 1, mean)
+        self.elapsed_s += self.time_model.cost_ms(wall_ms, step_bytes) / 1000.0
+        bits = 8.0 * (step_bytes - self.uncompressed_bytes) / self.compressed_values
+        self.rows.append((self.elapsed_s, loss, step_bytes, bits, wall_ms))
+        if self.elapsed_s >= self.budget_s:
+            self.model.stop_training = True
+
+
+def run(method, data, args, seed):
+    _, x, y, x_test, y_test = data
+    model = build_model(x.shape[1:], int(y.max()) + 1, seed)
+    if method.startswith("Fix"):
+        codec = tfgc.codecs.Quantize(bits=int(method[4]))
+    elif method == "Adaptive":
+        codec = mqgrad.AdaptiveQuantize(rho=args.rho)
+    else:
+        codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))
+    optimizer = tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(args.lr), compression=codec, min_elements=args.min_elements,
+        error_feedback=False)
+    model.compile(optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    compressed = [v for v in model.trainable_variables if optimizer.compresses(v)]
+    uncompressed_bytes = sum(4 * v.shape.num_elements() for v in model.trainable_variables
+                             if not optimizer.compresses(v))
+    compressed_values = sum(v.shape.num_elements() for v in compressed)
+    time_model = mqgrad.TimeModel(args.bandwidth, compute_ms=args.compute_ms)
+    clock = ModelledClock(optimizer, time_model, args.budget_s,
+                          (uncompressed_bytes, compressed_values))
+    callbacks = [clock]
+    agent = None
+    if method == "MQGrad":
+        agent = tfgc.callbacks.MQGrad(optimizer, T=5, seed=seed, time_model=time_model)
+        callbacks.insert(0, agent)
+    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed)
+               .repeat().batch(args.batch_size).prefetch(2))
+    started = time.perf_counter()
+    model.fit(dataset, epochs=1, steps_per_epoch=args.max_steps, verbose=0, callbacks=callbacks)
+    seconds = time.perf_counter() - started
+    test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
+    rows = np.array(clock.rows)
+    result = {
+        "method": method, "seed": seed, "steps": len(rows), "wall_s": seconds,
+        "time_s": rows[:, 0].tolist(), "loss": rows[:, 1].tolist(),
+        "step_bytes": rows[:, 2].tolist(), "bits": rows[:, 3].tolist(),
+        "median_step_ms": float(np.median(rows[1:, 4])),
+        "test_loss": float(test_loss), "test_accuracy": float(test_accuracy),
+        "compressed_values": compressed_values, "uncompressed_bytes": uncompressed_bytes,
+    }
+    if agent is not None:
+        overhead = np.array([s["seconds"] for s in agent.steps[1:]]) * 1e6
+        result.update(
+            agent_us_median=float(np.median(overhead)), agent_us_p90=float(np.percentile(overhead, 90)),
+            mdp_steps=len(agent.steps),
+            actions=[s["action"] for s in agent.steps],
+            state_bits=[s["state_bits"] for s in agent.steps],
+            rewards=[s["reward"] for s in agent.steps[1:]],
+        )
+    print(f"  {method:9s} seed {seed}: {len(rows)} steps in {seconds:.0f} s wall, "
+          f"smoothed loss {ema(rows[:, 1])[-1]:.3f}, test acc {test_accuracy:.3f}", flush=True)
+    return result
+
+
+def agent_overhead(steps=2000, T=5):
+    """Microseconds per MDP step (and per plain iteration) of the agent alone."""
+    agent = mqgrad.MQGradAgent(T=T, seed=0)
+    rng = np.random.default_rng(0)
+    losses, costs = 2.0 - 1e-3 * np.arange(steps * T) + rng.normal(0, 0.05, steps * T), 100.0
+    mdp, plain = [], []
+    for m, loss in enumerate(losses):
+        started = time.perf_counter()
+        agent.observe(loss, costs)
+        (mdp if m % T == 0 else plain).append(time.perf_counter() - started)
+    return 1e6 * np.median(mdp), 1e6 * np.percentile(mdp, 90), 1e6 * np.median(plain)
+
+
+def ema(values, alpha=0.05):
+    out, last = [], values[0]
+    for v in values:
+        last = alpha * v + (1 - alpha) * last
+        out.append(last)
+    return np.array(out)
+
+
+def on_grid(result, grid):
+    """The EMA of the training loss at the given modelled times (NaN past the run's end)."""
+    smoothed = ema(np.array(result["loss"]))
+    times = np.array(result["time_s"])
+    values = np.interp(grid, times, smoothed)
+    values[grid > times[-1]] = np.nan
+    return values
+
+
+def plot(results, args, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    grid = np.linspace(0, args.budget_s, 200)
+    colors = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:green", "tab:purple", "tab:blue")))
+    for method in METHODS:
+        curves = np.array([on_grid(r, grid) for r in results if r["method"] == method])
+        if len(curves):
+            left.plot(grid, np.nanmean(curves, axis=0), label=method, color=colors[method])
+    left.set_xlabel(f"modelled time (s): {args.compute_ms:g} ms compute + bytes / "
+                    f"{args.bandwidth / 1e6:g} MB/s, both ways")
+    left.set_ylabel("training loss (EMA)")
+    left.set_title(f"loss vs modelled time (mean of {len(args.seeds)} seed(s))")
+    left.legend()
+    for r in results:
+        if r["method"] in ("MQGrad", "Adaptive"):
+            right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.7,
+                       label=f"{r['method']} seed {r['seed']}")
+    right.set_xlabel("modelled time (s)")
+    right.set_ylabel("bits per value (quantized layers)")
+    right.set_title("bits over time")
+    right.set_ylim(1.5, 8.5)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summarize(results, args):
+    grid = np.array([0.25, 0.5, 0.75, 1.0]) * args.budget_s
+    lines = ["| method | steps (mean) | loss @25% | @50% | @75% | @100% of budget | test acc | "
+             "mean bits |", "|---|---|---|---|---|---|---|---|"]
+    for method in METHODS:
+        runs = [r for r in results if r["method"] == method]
+        if not runs:
+            continue
+        losses = np.nanmean([on_grid(r, grid - 1e-9) for r in runs], axis=0)
+        lines.append(
+            f"| {method} | {np.mean([r['steps'] for r in runs]):.0f} | "
+            + " | ".join(f"{v:.3f}" for v in losses)
+            + f" | {np.mean([r['test_accuracy'] for r in runs]):.3f} | "
+            f"{np.mean([np.mean(r['bits']) for r in runs]):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", default="fashion_mnist")
+    parser.add_argument("--limit", type=int, default=20000)
+    parser.add_argument("--test-limit", type=int, default=5000)
+    parser.add_argument("--budget-s", type=float, default=60.0, help="modelled seconds per run")
+    parser.add_argument("--max-steps", type=int, default=100000)
+    parser.add_argument("--bandwidth", type=float, default=10e6, help="bytes/s (paper: 10 MB/s)")
+    parser.add_argument("--compute-ms", type=float, default=30.0)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rho", type=float, default=0.01, help="Adaptive's noise ratio")
+    parser.add_argument("--min-elements", type=int, default=50_000,
+                        help="quantize only the FC layers, as the paper does")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--out", default=os.path.join(HERE, "mqgrad_experiment"))
+    args = parser.parse_args(argv)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+    median, p90, plain = agent_overhead()
+    print(f"agent alone: {median:.0f} us median ({p90:.0f} us p90) per MDP step, "
+          f"{plain:.1f} us per other iteration", flush=True)
+    data = load(args.dataset, args.limit, args.test_limit)
+    print(data[0].describe(), flush=True)
+    results = []
+    for seed in args.seeds:
+        for method in args.methods:
+            results.append(run(method, data, args, seed))
+    with open(args.out + ".json", "w") as f:
+        json.dump({"args": vars(args), "dataset": data[0].describe(), "results": results}, f)
+    plot(results, args, args.out + ".png")
+    print(summarize(results, args))
+    for r in results:
+        if r["method"] == "MQGrad":
+            print(f"MQGrad seed {r['seed']}: agent {r['agent_us_median']:.0f} us median "
+                  f"({r['agent_us_p90']:.0f} us p90) per MDP step, {r['mdp_steps']} steps; "
+                  f"median training step {r['median_step_ms']:.1f} ms wall")
+
+
+if __name__ == "__main__":
+    main()
