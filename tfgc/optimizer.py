@@ -396,12 +396,18 @@ _GATHERABLE = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 def _all_gather_padded(context, tensor):
     """Every replica's `tensor`, whose length may differ by replica, as a list."""
+    # Nothing gathered may be empty: TF 2.21's collective all-gather of a tensor with
+    # no elements crashes the process (ring, CPU). Rows get at least one word, and
+    # the shapes of scalars (known statically) are not gathered.
     words = _to_words(tensor)
     size = tf.size(words)
     sizes = context.all_gather(tf.reshape(size, [1]), axis=0)
-    longest = tf.reduce_max(sizes)
+    longest = tf.maximum(tf.reduce_max(sizes), 1)
     padded = tf.pad(words, [[0, longest - size]])
-    shapes = context.all_gather(tf.shape(tensor)[None], axis=0)
+    if tensor.shape.rank == 0:
+        shapes = [tf.zeros([0], tf.int32)] * context.num_replicas_in_sync
+    else:
+        shapes = context.all_gather(tf.shape(tensor)[None], axis=0)
     rows = tf.reshape(context.all_gather(padded, axis=0), [-1, longest])
     return [
         _from_words(rows[r, : sizes[r]], tensor.dtype, shapes[r])
