@@ -147,3 +147,62 @@ def test_mwms_ring_all_reduce_sums_in_the_compressed_domain(tmp_path):
         assert sampling < fp32 / 6
         # ~d/K of fp32: the payload plus a fixed per-collective overhead.
         assert compressed < payload + 4096 and compressed < fp32 / 30
+
+
+PS_COORDINATOR = textwrap.dedent(
+    """
+    import json, os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np, tensorflow as tf, tf_keras
+    import tfgc
+    from tfgc import cluster
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=[512, 8, 8, 32]).astype("float32")
+    y = rng.integers(0, 10, size=[512])
+    codec = tfgc.codecs.GradiVeQ(warmup_steps=3, sampling_steps=4, compressed_steps=10, seed=0)
+    with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        with strategy.scope():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential([
+                tf_keras.Input((8, 8, 32)),
+                tf_keras.layers.Conv2D(32, 3, padding="same", use_bias=False),
+                tf_keras.layers.GlobalAveragePooling2D(),
+                tf_keras.layers.Dense(10)])
+            opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.05), compression=codec,
+                                            min_elements=1000, error_feedback=False)
+            opt.build(model.trainable_variables)
+            model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
+        before = c.traffic_between("worker", "ps")
+        pulled = c.traffic_between("ps", "worker")
+        history = model.fit(dataset, epochs=1, steps_per_epoch=30, verbose=0)
+        layer = opt.codec_for(model.layers[0].kernel)
+        print("RESULTS " + json.dumps({
+            "worker_to_ps": c.traffic_between("worker", "ps") - before,
+            "ps_to_worker": c.traffic_between("ps", "worker") - pulled,
+            "steps": int(layer.step.numpy()), "refreshes": int(layer.refreshes.numpy()),
+            "dim": int(layer.dim.numpy()), "loss": history.history["loss"],
+            "counted": int(opt.traffic["push_bytes"].numpy()),
+        }))
+    """
+)
+
+
+@pytest.mark.cluster
+def test_parameter_server_decodes_pushes_and_workers_cache_the_compressor(run_python):
+    stdout = run_python(PS_COORDINATOR, timeout=400)
+    line = next(l for l in stdout.splitlines() if l.startswith("RESULTS "))
+    result = json.loads(line[len("RESULTS "):])
+    print(result)
+    kernel_bytes = 3 * 3 * 32 * 32 * 4
+    assert result["steps"] == 30 and result["refreshes"] == 2
+    # 3 fp32 warm-up pushes, 8 QSGD pushes (1/8), the rest d/K: the payloads are far
+    # below 30 fp32 pushes, and so are the sockets' bytes (payloads + RPC overhead).
+    assert result["counted"] < 0.25 * 30 * kernel_bytes
+    assert result["worker_to_ps"] < 30 * kernel_bytes
+    # Each worker pulls U (K x d_max) once per refresh, not at every compressed push.
+    model_pulls = 30 * (kernel_bytes + 33 * 10 * 4)
+    assert result["ps_to_worker"] < model_pulls + 2 * 2 * 4 * 3072 * 5 + 200_000
+    assert np.isfinite(result["loss"]).all()

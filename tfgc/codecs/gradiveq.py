@@ -210,6 +210,20 @@ class GradiVeQLayer(tf.Module, base.Codec):
             self.retained = _state(tf.zeros([g]), "retained")
             self.refreshes = _state(tf.constant(0, tf.int64), "refreshes")
             self.early_stops = _state(tf.constant(0, tf.int64), "early_stops")
+            # Under ParameterServerStrategy the state lives on a parameter server; each
+            # worker keeps a copy of U and mu that it refreshes once per PCA refresh,
+            # so a compressed push does not first pull K x d_max floats.
+            self._worker_copy = None
+            if isinstance(tf.distribute.get_strategy(),
+                          tf.distribute.experimental.ParameterServerStrategy):
+                self._worker_copy = {
+                    "basis": tf.Variable(tf.zeros([g, k, self.max_dim]), trainable=False,
+                                         name="worker_basis", per_worker_variable=True),
+                    "mean": tf.Variable(tf.zeros([g, k]), trainable=False, name="worker_mean",
+                                        per_worker_variable=True),
+                    "version": tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                           name="worker_version", per_worker_variable=True),
+                }
 
     def get_config(self):
         return self.settings.get_config()
@@ -229,18 +243,38 @@ class GradiVeQLayer(tf.Module, base.Codec):
     def _ungrouped(self, grouped):
         return tf.reshape(grouped, [self.num_groups * self.reuse, -1])[: self.num_slices]
 
-    def compress(self, slices, num_workers=1):
-        """Eq. 3: [S, K] slices -> [S, d] coefficients U_d^T (g - mu / N)."""
-        basis = self.basis[:, :, : self.dim.read_value()]
-        centered = self._grouped(slices) - self.mean[:, None, :] / tf.cast(num_workers, tf.float32)
+    def compress(self, slices, num_workers=1, compressor=None):
+        """Eq. 3: [S, K] slices -> [S, d] coefficients U_d^T (g - mu / N), with
+        `compressor` = (U, mu) (default: the state's)."""
+        basis, mean = compressor or (self.basis, self.mean)
+        basis = basis[:, :, : self.dim.read_value()]
+        centered = self._grouped(slices) - mean[:, None, :] / tf.cast(num_workers, tf.float32)
         return self._ungrouped(tf.einsum("gsk,gkd->gsd", centered, basis))
 
-    def decompress(self, coefficients, num_workers=1):
+    def _sender_compressor(self):
+        """(U, mu) as the sender reads them: under PSS the worker's copy, brought up to
+        date first; else None (the state itself)."""
+        if self._worker_copy is None:
+            return None
+        copy = self._worker_copy
+        # Per-worker variables are only touched here, outside tf.cond: a worker function
+        # does not resolve them inside nested branch functions.
+        version = self.refreshes.read_value()
+        stale = tf.not_equal(copy["version"].read_value(), version)
+        local = (copy["basis"].read_value(), copy["mean"].read_value())
+        basis, mean = tf.cond(stale, lambda: (tf.identity(self.basis), tf.identity(self.mean)),
+                              lambda: local)
+        with tf.control_dependencies([copy["basis"].assign(basis), copy["mean"].assign(mean),
+                                      copy["version"].assign(version)]):
+            return tf.identity(basis), tf.identity(mean)
+
+    def decompress(self, coefficients, num_workers=1, compressor=None):
         """Eq. 5 (Eq. 7's local form for num_workers > 1): [S, d] -> [S, K] slices
-        U_d g' + mu / num_workers."""
-        basis = self.basis[:, :, : tf.shape(coefficients)[1]]
+        U_d g' + mu / num_workers, with `compressor` = (U, mu) (default: the state's)."""
+        basis, mean = compressor or (self.basis, self.mean)
+        basis = basis[:, :, : tf.shape(coefficients)[1]]
         grouped = tf.einsum("gsd,gkd->gsk", self._grouped(coefficients), basis)
-        return self._ungrouped(grouped + self.mean[:, None, :] / tf.cast(num_workers, tf.float32))
+        return self._ungrouped(grouped + mean[:, None, :] / tf.cast(num_workers, tf.float32))
 
     # --- the codec face (one process, ParameterServerStrategy) ---------------------------
 
@@ -259,7 +293,12 @@ class GradiVeQLayer(tf.Module, base.Codec):
         total = self._reconstruct(payload)
         votes = payload.get("votes")
         votes = tf.reduce_sum(votes) if votes is not None else tf.constant(0.0)
-        with tf.control_dependencies([self._advance(payload["phase"], total, votes, 1)]):
+        # The schedule moves on from the state's phase: under ParameterServerStrategy
+        # another worker's push may have moved it since this payload was encoded, and
+        # only a payload encoded while sampling is a sample.
+        advance = self._advance(self.phase.read_value(), total, votes, 1,
+                                is_sample=tf.equal(payload["phase"], SAMPLING))
+        with tf.control_dependencies([advance]):
             return tf.identity(total)
 
     def _encode(self, x, num_workers):
@@ -267,6 +306,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
         self._check_shape(x)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         phase = self.phase.read_value()
+        compressor = self._sender_compressor()
         empty_f, empty_u8 = tf.zeros([0]), tf.zeros([0], tf.uint8)
 
         def warm():
@@ -279,7 +319,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
             return empty_f, empty_f, data, norms, empty_f
 
         def compressed():
-            coefficients, vote = self._compress_and_vote(flat, num_workers)
+            coefficients, vote = self._compress_and_vote(flat, num_workers, compressor)
             return empty_f, tf.reshape(coefficients, [-1]), empty_u8, empty_f, vote
 
         dense, coefficients, data, norms, votes = tf.switch_case(phase, [warm, sample, compressed])
@@ -381,18 +421,18 @@ class GradiVeQLayer(tf.Module, base.Codec):
 
     # --- schedule and PCA -----------------------------------------------------------------
 
-    def _compress_and_vote(self, flat, num_workers):
+    def _compress_and_vote(self, flat, num_workers, compressor=None):
         """Coefficients of this worker's gradient and its early-stop vote ([1] float)."""
         slices = tf.reshape(flat, [self.num_slices, self.slice_size])
-        coefficients = self.compress(slices, num_workers)
+        coefficients = self.compress(slices, num_workers, compressor)
         if self.settings.early_stop_loss is None:
             return coefficients, tf.zeros([1])
         # Eq. 7 relative to the gradient's energy: what this worker alone would lose.
-        error = slices - self.decompress(coefficients, num_workers)
+        error = slices - self.decompress(coefficients, num_workers, compressor)
         loss = tf.reduce_sum(tf.square(error)) / tf.maximum(tf.reduce_sum(tf.square(slices)), 1e-30)
         return coefficients, tf.cast(tf.reshape(loss > self.settings.early_stop_loss, [1]), tf.float32)
 
-    def _advance(self, phase, total, votes, num_workers):
+    def _advance(self, phase, total, votes, num_workers, is_sample=True):
         """Moves the schedule one step on, storing `total` as a sample when sampling."""
         settings = self.settings
         step = self.phase_step.read_value()
@@ -410,7 +450,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
                 return step + 1
 
             # A non-finite sum is a failed step, not a sample.
-            taken = tf.cond(finite, store, lambda: step)
+            taken = tf.cond(finite & is_sample, store, lambda: step)
             done = taken >= settings.sampling_steps
             refreshed = tf.cond(done, self.refresh, lambda: tf.constant(False))
             with tf.control_dependencies([refreshed]):
