@@ -2,7 +2,8 @@
 
     python -m models.cluster_demo            # about 5 minutes on 2 CPU cores
 
-For each compression (default: none, then ThreeLC with sparsity multiplier 1.75) it runs
+For each compression (default: none, then ThreeLC with its default sparsity multiplier
+1.0, which 3LC finds converges fastest when training is short) it runs
 
     python -m models.train --strategy ps --ps 1 --workers 2 --dataset cifar10 --allow-substitute ...
 
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import time
 
-DEFAULT_COMPRESSIONS = ("none", "threelc:sparsity=1.75")
+DEFAULT_COMPRESSIONS = ("none", "threelc:sparsity=1.0")
 
 
 def run_training(compression, args, out_dir):

@@ -27,8 +27,9 @@ parameter servers and workers run a server that has loaded tfgc's ops::
 and the chief task runs ``python -m models.train --strategy ps --tf-config ...``. For
 ``mwms`` every worker task runs ``python -m models.train --strategy mwms --tf-config ...``
 (worker 0 writes the outputs). On a GPU machine ``--strategy local`` trains on the GPU
-as it is; the full CIFAR-10 reproduction of 3LC is ResNet-110 for 64k steps of batch 32
-per worker: ``--model resnet110 --steps 64000 --dataset cifar10 --manual-dir DIR``.
+as it is. 3LC's full CIFAR-10 run is ResNet-110 with batch 32
+per worker on 10 workers (163.84 epochs, 25,600 synchronous steps): ``--model resnet110
+--strategy mwms --workers 10 --steps 25600 --dataset cifar10 --manual-dir DIR``.
 
 Outputs under ``--out`` (default runs/<name>): ``history.csv`` (per step: time, loss,
 accuracy, push bytes), ``summary.json`` (the run's settings, dataset actually used,
@@ -589,7 +590,8 @@ def main(argv=None):
         print(json.dumps({k: summary.get(k) for k in (
             "name", "dataset", "substitute_for", "test_accuracy", "step_time_s",
             "push_bytes_per_step", "payload_ratio", "socket_worker_to_ps_bytes_per_step",
-            "socket_ps_to_worker_bytes_per_step")}))
+            "socket_ps_to_worker_bytes_per_step", "socket_worker0_sent_bytes_per_step",
+            "socket_worker0_received_bytes_per_step") if k in summary}))
     if args.strategy == "ps" and not args.tf_config:
         # The cluster is stopped and every output written; a normal interpreter exit
         # would now free the remaining cluster functions, and TensorFlow would log an
