@@ -465,9 +465,14 @@ class _Network:
     def _tbf(self, device, netns=None):
         # Burst: at least 64 KB (one GSO super-packet), about 4 ms at line rate above that.
         burst = max(64 * 1024, int(self.bits_per_s / 8 / 250))
+        # Queue: about a second at line rate (2-64 MB). A short queue where two senders
+        # meet one receiver drops packets, and on a sub-millisecond RTT each drop costs
+        # TCP a 200 ms retransmission timeout: the link would look several times slower
+        # than its rate. Switch buffers absorb such bursts.
+        limit = min(64 << 20, max(2 << 20, int(self.bits_per_s / 8)))
         cmd = ["tc"] + (["-n", netns] if netns else [])
         _run(cmd + ["qdisc", "add", "dev", device, "root", "tbf", "rate", self.rate,
-                    "burst", str(burst), "latency", "100ms"])
+                    "burst", str(burst), "limit", str(limit)])
 
     def setup(self):
         """Creates and shapes everything; returns {(job, index): ip}. Undone on error."""

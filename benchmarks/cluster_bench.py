@@ -1,0 +1,170 @@
+"""Step time and bytes per step on a local 1-ps / 2-worker cluster: fp32 vs Int8 vs ThreeLC.
+
+    python benchmarks/cluster_bench.py                       # loopback, 100mbit, 10mbit
+    python benchmarks/cluster_bench.py --bandwidths none --steps 40
+
+For each bandwidth a fresh `tfgc.cluster.LocalCluster` (1 ps, 2 workers) is started
+in a process of its own (the coordinator's eager context belongs to one cluster);
+"none" is plain loopback, any other value is emulated with tc in network namespaces
+(root and iproute2 only; otherwise that row is skipped with the reason). In each
+cluster the same model (a 301k-parameter MLP on scikit-learn's digits, the data of
+`make demo`) is trained with tf_keras `model.fit` under ParameterServerStrategy, once
+per codec, and measured after a warm-up fit:
+
+* step time: wall time of the measured fit / steps (steps run on both workers);
+* bytes per step per direction, from the kernel's per-socket TCP counters (`ss`):
+  push = worker -> ps, pull = ps -> worker, and what the coordinator sent.
+
+Ratios (against fp32 at the same bandwidth) are computed from numbers measured in the
+same run. Pulls are not compressed by this benchmark: they are the same fp32 model for
+every codec.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CODECS = ("fp32", "int8", "threelc")
+
+
+def measure(bandwidth, steps, batch):
+    """Runs in a process of its own: one cluster, every codec; returns a dict."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    from sklearn.datasets import load_digits
+
+    import tfgc
+    from tfgc import cluster
+
+    digits = load_digits()
+    x = (digits.images / 16.0).reshape(-1, 64).astype("float32")
+    y = digits.target.astype("int64")
+    rows = {}
+    started = time.monotonic()
+    with cluster.LocalCluster(num_ps=1, num_workers=2, bandwidth=bandwidth, timeout_s=3000) as c:
+        setup_s = time.monotonic() - started
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        for name in CODECS:
+            with strategy.scope():
+                tf_keras.utils.set_random_seed(0)
+                model = tf_keras.Sequential([
+                    tf_keras.layers.Dense(512, activation="relu", input_shape=(64,)),
+                    tf_keras.layers.Dense(512, activation="relu"),
+                    tf_keras.layers.Dense(10),
+                ])
+                optimizer = tf_keras.optimizers.SGD(0.05)
+                if name != "fp32":
+                    codec = {"int8": tfgc.codecs.Int8(), "threelc": tfgc.codecs.ThreeLC(1.0)}[name]
+                    optimizer = tfgc.DistributedOptimizer(optimizer, compression=codec)
+                    optimizer.build(model.trainable_variables)
+                model.compile(
+                    optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0)
+            data = data.repeat().batch(batch)
+            model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace, connect
+            before = c.socket_bytes()
+            start = time.monotonic()
+            history = model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+            wall = time.monotonic() - start
+            after = c.socket_bytes()
+
+            def per_step(src, dst):
+                return (c.traffic_between(src, dst, rows=after)
+                        - c.traffic_between(src, dst, rows=before)) / steps
+
+            rows[name] = {
+                "step_ms": 1000 * wall / steps,
+                "push": per_step("worker", "ps"),
+                "pull": per_step("ps", "worker"),
+                "chief": per_step("chief", "worker") + per_step("chief", "ps"),
+                "loss": history.history["loss"][-1],
+                "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+            }
+    return {"bandwidth": bandwidth or "loopback", "setup_s": setup_s, "rows": rows}
+
+
+def run_one(bandwidth, steps, batch, timeout_s):
+    """Runs `measure` in a child process; returns its result or {"error": reason}."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", bandwidth or "none",
+           "--steps", str(steps), "--batch", str(batch)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"bandwidth": bandwidth or "loopback", "error": f"timed out after {timeout_s} s"}
+    lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        return {"bandwidth": bandwidth or "loopback", "error": f"exit {done.returncode}: {tail}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _kb(n):
+    return f"{n / 1000:,.1f}"
+
+
+def report(results, steps, batch):
+    lines = [
+        f"steps={steps} per codec (after 4 warm-up steps), batch {batch} per worker, "
+        "1 ps + 2 workers",
+        "",
+        "| link | codec | step ms | push KB/step | pull KB/step | push vs fp32 | "
+        "step time vs fp32 | final loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        if "error" in result:
+            lines.append(f"| {result['bandwidth']} | (skipped: {result['error']}) "
+                         "| | | | | | |")
+            continue
+        rows = result["rows"]
+        base = rows["fp32"]
+        for name in CODECS:
+            r = rows[name]
+            lines.append(
+                f"| {result['bandwidth']} | {name} | {r['step_ms']:.1f} | {_kb(r['push'])} | "
+                f"{_kb(r['pull'])} | {r['push'] / base['push']:.3f}x | "
+                f"{r['step_ms'] / base['step_ms']:.2f}x | {r['loss']:.3f} |"
+            )
+    params = next((r["rows"]["fp32"]["params"] for r in results if "rows" in r), None)
+    if params:
+        lines += ["", f"model: {params:,} parameters ({params * 4 / 1000:,.1f} KB as fp32)"]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bandwidths", default="none,100mbit,10mbit",
+                        help="comma-separated: none (loopback) or tc rates (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per codec")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--timeout", type=int, default=1500, help="seconds per bandwidth")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child is not None:
+        bandwidth = None if args.child == "none" else args.child
+        print("RESULT " + json.dumps(measure(bandwidth, args.steps, args.batch)), flush=True)
+        return 0
+
+    from tfgc import cluster
+
+    results = []
+    for item in args.bandwidths.split(","):
+        bandwidth = None if item.strip() in ("", "none", "loopback") else item.strip()
+        reason = cluster.emulation_unavailable() if bandwidth else None
+        if reason:
+            results.append({"bandwidth": bandwidth, "error": reason})
+            continue
+        print(f"[cluster_bench] measuring {bandwidth or 'loopback'} ...", file=sys.stderr,
+              flush=True)
+        results.append(run_one(bandwidth, args.steps, args.batch, args.timeout))
+    print(report(results, args.steps, args.batch))
+    return 0 if all("error" not in r or "needs" in r["error"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
