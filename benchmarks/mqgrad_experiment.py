@@ -167,6 +167,12 @@ def agent_overhead(steps=2000, T=5):
     return 1e6 * np.median(mdp), 1e6 * np.percentile(mdp, 90), 1e6 * np.median(plain)
 
 
+def changes(result):
+    """[(modelled time s, bits)] where the bits changed."""
+    bits, times = [round(b) for b in result["bits"]], result["time_s"]
+    return [(round(times[i], 1), bits[i]) for i in range(len(bits)) if i == 0 or bits[i] != bits[i - 1]]
+
+
 def ema(values, alpha=0.05):
     out, last = [], values[0]
     for v in values:
@@ -214,10 +220,17 @@ def plot(results, args, path):
     fig.savefig(path, dpi=110)
 
 
+def time_to(result, level):
+    """Modelled time at which the loss EMA first reaches `level` (inf if never)."""
+    below = np.nonzero(ema(np.array(result["loss"])) <= level)[0]
+    return result["time_s"][below[0]] if below.size else float("inf")
+
+
 def summarize(results, args):
     grid = np.array([0.25, 0.5, 0.75, 1.0]) * args.budget_s
-    lines = ["| method | steps (mean) | loss @25% | @50% | @75% | @100% of budget | test acc | "
-             "mean bits |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | steps (mean) | loss @25% | @50% | @75% | @100% of budget | "
+             "time to loss 1.0 | to 0.8 | test acc | mean bits |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for method in METHODS:
         runs = [r for r in results if r["method"] == method]
         if not runs:
@@ -226,6 +239,7 @@ def summarize(results, args):
         lines.append(
             f"| {method} | {np.mean([r['steps'] for r in runs]):.0f} | "
             + " | ".join(f"{v:.3f}" for v in losses)
+            + "".join(f" | {np.mean([time_to(r, level) for r in runs]):.1f} s" for level in (1.0, 0.8))
             + f" | {np.mean([r['test_accuracy'] for r in runs]):.3f} | "
             f"{np.mean([np.mean(r['bits']) for r in runs]):.2f} |")
     return "\n".join(lines)
@@ -248,7 +262,27 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--out", default=os.path.join(HERE, "mqgrad_experiment"))
+    parser.add_argument("--combine", nargs="+", metavar="JSON",
+                        help="no training: plot and summarize the runs saved in these files")
     args = parser.parse_args(argv)
+    if args.combine:
+        results = []
+        for path in args.combine:
+            with open(path) as f:
+                saved = json.load(f)
+            results += saved["results"]
+            print(saved["dataset"], saved["args"])
+        args.seeds = sorted({r["seed"] for r in results})
+        args.budget_s = saved["args"]["budget_s"]
+        args.bandwidth, args.compute_ms = saved["args"]["bandwidth"], saved["args"]["compute_ms"]
+        plot(results, args, args.out + ".png")
+        print(summarize(results, args))
+        for r in results:
+            if r["method"] == "MQGrad":
+                print(f"MQGrad seed {r['seed']}: {r['mdp_steps']} MDP steps, agent "
+                      f"{r['agent_us_median']:.0f} us median per MDP step; bits "
+                      f"{changes(r)}")
+        return
     tf.config.threading.set_inter_op_parallelism_threads(2)
 
     median, p90, plain = agent_overhead()
