@@ -34,7 +34,7 @@ nothing else (`LocalCluster.socket_bytes`, or `task_traffic()` inside a task). T
 Bandwidth emulation (`bandwidth="10mbit"`, root only, needs `ip` and `tc` from
 iproute2): each task runs in a network namespace of its own, joined to the others by
 veth pairs on a bridge in one more namespace, and every link is shaped with a tc token
-bucket (tbf) in both directions, as if each task had a NIC of that rate on a switch.
+bucket (tbf) on what each task sends, as tc on each machine's NIC would.
 The chief (this process) reaches them through one veth pair whose address is on a
 private /24 that no existing route uses; namespaces have no other interface and no
 default route, so nothing leaves them. Everything is deleted on stop.
@@ -441,8 +441,13 @@ class _Network:
     Topology: one namespace per task with one interface, "eth0" (and lo); a "hub"
     namespace holds a bridge with the other end of each task's veth pair, and one
     more veth pair connects this (the chief's) namespace to the bridge. A tbf qdisc
-    on both ends of every pair limits what each task sends and what it receives to
-    `rate`, like a NIC of that speed on a switch.
+    on each task's eth0 (and on the chief's link) limits what that task sends to
+    `rate`, as tc on each machine's NIC does (3LC's evaluation method): a task that
+    several others send to at once may receive more than `rate`. Shaping the
+    receiving side too (at the bridge) would model a switch port, but without
+    pushback from the senders' sockets its queue overflows, and every drop on a
+    sub-millisecond RTT costs TCP a 200 ms retransmission timeout: the links would
+    look several times slower than their rate.
     """
 
     _count = 0
@@ -464,15 +469,13 @@ class _Network:
 
     def _tbf(self, device, netns=None):
         # Burst: at least 64 KB (one GSO super-packet), about 4 ms at line rate above that.
+        # The queue only ever holds what TCP's small-queue limit lets one host's sockets
+        # put in it (the sender's own qdisc pushes back), so it never drops.
         burst = max(64 * 1024, int(self.bits_per_s / 8 / 250))
-        # Queue: about a second at line rate (2-64 MB). A short queue where two senders
-        # meet one receiver drops packets, and on a sub-millisecond RTT each drop costs
-        # TCP a 200 ms retransmission timeout: the link would look several times slower
-        # than its rate. Switch buffers absorb such bursts.
         limit = min(64 << 20, max(2 << 20, int(self.bits_per_s / 8)))
         cmd = ["tc"] + (["-n", netns] if netns else [])
-        _run(cmd + ["qdisc", "add", "dev", device, "root", "tbf", "rate", self.rate,
-                    "burst", str(burst), "limit", str(limit)])
+        _run(cmd + ["qdisc", "add", "dev", device, "root", "tbf",
+                    "rate", self.rate, "burst", str(burst), "limit", str(limit)])
 
     def setup(self):
         """Creates and shapes everything; returns {(job, index): ip}. Undone on error."""
@@ -500,7 +503,6 @@ class _Network:
         _run(["ip", "addr", "add", f"{root_ip}/{subnet.prefixlen}", "dev", self.root_link])
         _run(["ip", "link", "set", self.root_link, "up"])
         self._tbf(self.root_link)
-        self._tbf("chief", hub)
         self.hosts[("chief", 0)] = root_ip
 
         for k, task in enumerate(self.tasks):
@@ -516,7 +518,6 @@ class _Network:
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             self._tbf("eth0", ns)  # what the task sends
-            self._tbf(port, hub)  # what the task receives
             self.namespaces[task] = ns
             self.hosts[task] = ip
 
