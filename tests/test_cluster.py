@@ -506,3 +506,26 @@ def test_bandwidth_emulation_errors():
         mp.setattr(cluster.shutil, "which", lambda tool: None if tool == "tc" else "/x")
         with pytest.raises(cluster.ClusterError, match="tc from iproute2"):
             cluster.LocalCluster(num_ps=0, num_workers=1, bandwidth="10mbit").start()
+
+
+def test_cli_mwms_runs_the_script_as_every_worker(tmp_path, capfd):
+    script = tmp_path / "hello.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        print(f"worker {task['index']} says {sys.argv[1]}")
+        sys.exit(3 if task["index"] == 1 else 0)
+    """))
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        code = cluster.main(["--workers", "2", "--mwms", "--timeout", "60", str(script), "hi"])
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    out, err = capfd.readouterr()
+    assert code == 3
+    assert "worker 0 says hi" in out and "worker 1 says hi" in out
+    assert "/job:worker/task:1" in err and "worker exit codes [0, 3]" in err
+    pids = [int(p) for p in re.findall(r"pid (\d+)", err)]
+    assert len(pids) == 2 and wait_gone(pids, timeout_s=5) == []
+    with pytest.raises(SystemExit):
+        cluster.main(["--workers", "2", "--mwms", "--ps", "1", str(script)])

@@ -161,17 +161,26 @@ def _pid_alive(pid):
     return True
 
 
+def _resolve_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved once here: a child of a multi-threaded process must not load libraries
+# between fork and exec.
+_PRCTL = _resolve_prctl() if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent():
     """preexec_fn: the child gets SIGKILL when the thread that started it dies.
 
     So worker scripts (which have no watchdog of their own) cannot outlive a launcher
     that was itself killed with SIGKILL. Linux only; elsewhere a no-op.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 # --- reading sockets with `ss` ----------------------------------------------------------
@@ -895,7 +904,8 @@ class LocalCluster:
 
         Args:
           argv: the script and its arguments (run by this Python interpreter).
-          env: extra environment variables for the workers (None values remove one).
+          env: extra environment variables for the workers (None values remove one;
+            "{index}" in a value becomes the worker's index).
 
         Raises:
           ValueError: the cluster has parameter servers (its workers are servers).
