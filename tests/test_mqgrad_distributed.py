@@ -4,11 +4,10 @@ agent chose, at the same step.
 * ParameterServerStrategy: one coordinator (its own process) runs the callback; the
   bytes every step pushed to the parameter server must be exactly the payload size of
   the bits the agent had set before that step.
-* MultiWorkerMirroredStrategy: each worker runs its own callback; the bits the codec's
-  payload carried inside every train step must be the same on both workers and equal
-  to what the agents chose, although the workers' wall times differ. (The step encodes
-  with the codec itself: DistributedOptimizer's all-gather path crashed these worker
-  processes under tf_keras fit with a digits MLP, independently of MQGrad.)
+* MultiWorkerMirroredStrategy: each worker runs its own callback; the bits the
+  payloads carried inside every train step (recorded by the codec as it encodes) must
+  be the same on both workers and equal to what the agents chose, although the
+  workers' wall times differ.
 """
 import json
 import os
@@ -89,28 +88,21 @@ MWMS_WORKER = COMMON + textwrap.dedent(
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=RING))
     index = strategy.cluster_resolver.task_id
-    # What the codec's payload carried at each step, recorded inside the train step in a
-    # variable of this worker only (created outside the strategy scope).
+    # What the payloads of each step really carried, recorded inside the train step in
+    # a variable of this worker only (created outside the strategy scope).
     seen = tf.Variable(0, dtype=tf.int32)
 
-    class Recording(tf_keras.Model):
-        # Every step also encodes the first kernel with the codec, inside the step, as a
-        # compressing optimizer would encode its gradient.
-        def train_step(self, data):
-            logs = super().train_step(data)
-            payload = codec.encode(self.trainable_variables[0])
-            seen.assign(tf.cast(payload["bits"], tf.int32))
-            return logs
+    class RecordingQuantize(tfgc.codecs.Quantize):
+        def encode_and_reconstruct(self, x):
+            payload, reconstructed = super().encode_and_reconstruct(x)
+            with tf.control_dependencies([seen.assign(tf.cast(payload["bits"], tf.int32))]):
+                return payload, tf.identity(reconstructed)
 
     with strategy.scope():
-        codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))
-        tf_keras.utils.set_random_seed(0)
-        inputs = tf_keras.Input((64,))
-        hidden = tf_keras.layers.Dense(32, activation="relu")(inputs)
-        model = Recording(inputs, tf_keras.layers.Dense(10)(hidden))
-        model.compile(tf_keras.optimizers.SGD(0.1),
-                      tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tfgc.callbacks.MQGrad(codec, T=2, seed=3, epsilon=0.5)
+        codec = RecordingQuantize(bits=tf.Variable(2, dtype=tf.int32))
+        model, opt = build(codec)
+        model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = tfgc.callbacks.MQGrad(opt, T=2, seed=3, epsilon=0.5)
     carried = []
 
     class Carried(tf_keras.callbacks.Callback):
