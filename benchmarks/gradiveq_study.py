@@ -51,6 +51,11 @@ def parse_args(argv=None):
     parser.add_argument("--sampling", type=int, default=100, help="L_t")
     parser.add_argument("--compressed", type=int, default=300, help="L_c")
     parser.add_argument("--loss-threshold", type=float, default=0.01, help="lambda")
+    parser.add_argument("--sampling-bits", type=int, default=4, help="QSGD bits; 0: fp32 samples")
+    parser.add_argument("--error-feedback", action="store_true",
+                        help="keep the residual of compression (not in the paper)")
+    parser.add_argument("--variant", default=None,
+                        help="only the GradiVeQ run, written to gradiveq_study_<variant>.json")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks", help="where the JSON and plots go")
     return parser.parse_args(argv)
@@ -178,12 +183,51 @@ def figure5(record, args):
     return {"layer": name.split(":")[0], "points": results}
 
 
+def run_gradiveq(args, data, x, y, x_test, y_test, base_lr):
+    model = make_model(data, args)
+    codec = GradiVeQ(loss_threshold=args.loss_threshold, warmup_steps=args.warmup,
+                     sampling_steps=args.sampling, compressed_steps=args.compressed,
+                     sampling_bits=args.sampling_bits or None, seed=args.seed)
+    optimizer = tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD.from_config(base_lr.get_config()), compression=codec,
+        error_feedback=args.error_feedback)
+    begin = time.time()
+    losses = train(model, optimizer, x, y, args)
+    seconds = time.time() - begin
+    test_accuracy = accuracy(model, x_test, y_test)
+    print(f"  test accuracy {test_accuracy:.4f}", flush=True)
+    used = []
+    for v in model.trainable_variables:
+        if optimizer.compresses(v) and v.shape.rank == 4:
+            layer = optimizer.codec_for(v)
+            used.append({"layer": v.name.split(":")[0], "d": int(layer.dim.numpy()),
+                         "K": layer.slice_size, "refreshes": int(layer.refreshes.numpy()),
+                         "retained": float(layer.retained.numpy()[0])})
+    return losses, seconds, test_accuracy, optimizer, used
+
+
+def run_variant(args, data, x, y, x_test, y_test, base_lr):
+    print(f"GradiVeQ variant {args.variant}", flush=True)
+    losses, seconds, test_accuracy, optimizer, used = run_gradiveq(
+        args, data, x, y, x_test, y_test, base_lr)
+    summary = {"args": vars(args), "dataset": data.describe(), "accuracy": test_accuracy,
+               "final_loss": float(np.mean(losses[-50:])), "train_seconds": seconds,
+               "traffic": {k: int(v.numpy()) for k, v in optimizer.traffic.items()},
+               "gradiveq_run_layers": used, "losses": losses}
+    with open(os.path.join(args.out, f"gradiveq_study_{args.variant}.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps({k: summary[k] for k in ("accuracy", "final_loss", "traffic")}, indent=1))
+
+
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     data, x, y, x_test, y_test = load(args)
     base_lr = tf_keras.optimizers.SGD(args.lr, momentum=0.9)
 
+    if args.variant:
+        run_variant(args, data, x, y, x_test, y_test, base_lr)
+        return
     print("run 1: uncompressed", flush=True)
     model = make_model(data, args)
     record = {}
@@ -194,24 +238,8 @@ def main(argv=None):
     print(f"  test accuracy {plain_accuracy:.4f}", flush=True)
 
     print("run 2: GradiVeQ", flush=True)
-    model = make_model(data, args)
-    codec = GradiVeQ(loss_threshold=args.loss_threshold, warmup_steps=args.warmup,
-                     sampling_steps=args.sampling, compressed_steps=args.compressed, seed=args.seed)
-    optimizer = tfgc.DistributedOptimizer(
-        tf_keras.optimizers.SGD.from_config(base_lr.get_config()), compression=codec,
-        error_feedback=False)
-    begin = time.time()
-    gradiveq_losses = train(model, optimizer, x, y, args)
-    gradiveq_time = time.time() - begin
-    gradiveq_accuracy = accuracy(model, x_test, y_test)
-    print(f"  test accuracy {gradiveq_accuracy:.4f}", flush=True)
-    used = []
-    for v in model.trainable_variables:
-        if optimizer.compresses(v) and v.shape.rank == 4:
-            layer = optimizer.codec_for(v)
-            used.append({"layer": v.name.split(":")[0], "d": int(layer.dim.numpy()),
-                         "K": layer.slice_size, "refreshes": int(layer.refreshes.numpy()),
-                         "retained": float(layer.retained.numpy()[0])})
+    gradiveq_losses, gradiveq_time, gradiveq_accuracy, optimizer, used = run_gradiveq(
+        args, data, x, y, x_test, y_test, base_lr)
 
     print("observations on run 1's gradients", flush=True)
     rows = observations(record, args)

@@ -23,11 +23,22 @@ the PCA samples, and `compressed_steps` (L_c) steps of GradiVeQ. Optionally a
 compressed phase ends early when a majority of workers see a local relative compression
 loss (Eq. 7) above `early_stop_loss`.
 
+Under ParameterServerStrategy (asynchronous) the state lives on a parameter server:
+each worker encodes its own gradient (N = 1), the parameter server decodes it and
+advances the schedule once per push (so warm-up and L_t, L_c count pushes, and the
+samples are single workers' gradients), and each worker keeps a copy of U and mu that it
+pulls once per refresh. A compressed push still in flight across a whole sampling phase
+would be decoded with the new compressor; with L_t pushes in between this needs a
+worker that stalls for L_t of its peers' steps.
+
 `GradiVeQ(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
 for each compressed variable) returns the per-layer `GradiVeQLayer`, a `tf.Module`
 whose state (U_d, mu, d, phase, counters, samples) lives in tf.Variables that every
-replica updates identically from the same aggregated values, so it is checkpointed with
-the optimizer. Variables that are not 4-D pass through uncompressed, as in the paper.
+replica updates identically from the same aggregated values (every worker sums the
+same payloads in the same order and runs the same PCA; this assumes the same
+TensorFlow build on every worker, and the cluster test checks the states match), so it
+is checkpointed with the optimizer. Variables that are not 4-D pass through
+uncompressed, as in the paper.
 
 Static shapes: d changes at every PCA refresh, but the payload is sliced to the current
 d at run time (`U[:, :d]`, d read from a variable), so nothing is retraced and the wire
@@ -40,7 +51,7 @@ carries a single word, since TensorFlow's collectives crash on empty tensors.
 """
 import tensorflow as tf
 
-from tfgc.codecs import base, bitpack, identity
+from tfgc.codecs import base, identity
 from tfgc.codecs.stochastic import QSGD
 
 WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
@@ -103,7 +114,8 @@ class GradiVeQ(base.Codec):
         if int(sampling_steps) < 2:
             raise ValueError(f"GradiVeQ sampling_steps (L_t) must be >= 2, got {sampling_steps}")
         if int(compressed_steps) < 1:
-            raise ValueError(f"GradiVeQ compressed_steps (L_c) must be >= 1, got {compressed_steps}")
+            raise ValueError(
+                f"GradiVeQ compressed_steps (L_c) must be >= 1, got {compressed_steps}")
         if early_stop_loss is not None and float(early_stop_loss) <= 0:
             raise ValueError(f"GradiVeQ early_stop_loss must be > 0 or None, got {early_stop_loss}")
         if sampling_bits is not None:
@@ -416,7 +428,8 @@ class GradiVeQLayer(tf.Module, base.Codec):
         votes = tf.where(phase == COMPRESSED, summed[-1], 0.0)
         with tf.control_dependencies([self._advance(phase, total, votes, n)]):
             total = tf.identity(tf.cast(tf.reshape(total, self.kernel_shape), gradient.dtype))
-        nbytes = 4 * (tf.size(send_floats, out_type=tf.int64) + tf.size(send_words, out_type=tf.int64))
+        nbytes = 4 * (tf.size(send_floats, out_type=tf.int64)
+                      + tf.size(send_words, out_type=tf.int64))
         return total, nbytes
 
     # --- schedule and PCA -----------------------------------------------------------------
@@ -430,7 +443,8 @@ class GradiVeQLayer(tf.Module, base.Codec):
         # Eq. 7 relative to the gradient's energy: what this worker alone would lose.
         error = slices - self.decompress(coefficients, num_workers, compressor)
         loss = tf.reduce_sum(tf.square(error)) / tf.maximum(tf.reduce_sum(tf.square(slices)), 1e-30)
-        return coefficients, tf.cast(tf.reshape(loss > self.settings.early_stop_loss, [1]), tf.float32)
+        vote = tf.reshape(loss > self.settings.early_stop_loss, [1])
+        return coefficients, tf.cast(vote, tf.float32)
 
     def _advance(self, phase, total, votes, num_workers, is_sample=True):
         """Moves the schedule one step on, storing `total` as a sample when sampling."""
@@ -446,7 +460,8 @@ class GradiVeQLayer(tf.Module, base.Codec):
         def sample():
             def store():
                 first = self._grouped(tf.reshape(total, [self.num_slices, self.slice_size]))[:, 0]
-                self.samples.assign(tf.tensor_scatter_nd_update(self.samples, [[step]], first[None]))
+                self.samples.assign(
+                    tf.tensor_scatter_nd_update(self.samples, [[step]], first[None]))
                 return step + 1
 
             # A non-finite sum is a failed step, not a sample.
@@ -487,11 +502,13 @@ class GradiVeQLayer(tf.Module, base.Codec):
         singular = tf.sqrt(eigenvalues)
         usable = singular > 1e-9 * tf.maximum(singular[:, :1], 1e-300)
         basis = tf.matmul(centred, eigenvectors, transpose_a=True)  # [G, K, d_max]
-        basis = tf.where(usable[:, None, :], basis / tf.where(usable, singular, 1.0)[:, None, :], 0.0)
+        scale = tf.where(usable, singular, 1.0)[:, None, :]
+        basis = tf.where(usable[:, None, :], basis / scale, 0.0)
         energy = tf.reduce_sum(tf.square(centred), axis=[1, 2])
         kept = tf.cumsum(eigenvalues, axis=-1) / tf.maximum(energy, 1e-300)[:, None]
         # Eq. 6 per group; the layer uses the largest d so all slices share one length.
-        dims = 1 + tf.reduce_sum(tf.cast(kept < 1.0 - self.settings.loss_threshold, tf.int32), axis=-1)
+        short = tf.cast(kept < 1.0 - self.settings.loss_threshold, tf.int32)
+        dims = 1 + tf.reduce_sum(short, axis=-1)
         dim = tf.minimum(tf.reduce_max(dims), self.max_dim)
         retained = tf.where(energy > 0, tf.gather(kept, dim - 1, axis=-1), 1.0)
         updates = [
