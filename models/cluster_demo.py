@@ -34,7 +34,8 @@ def run_training(compression, args, out_dir):
         "--model", args.model, "--dataset", args.dataset, "--allow-substitute",
         "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
-        "--lr", str(args.lr), "--compression", compression, "--out", out_dir,
+        "--lr", str(args.lr), "--weight-decay-mode", args.weight_decay_mode,
+        "--compression", compression, "--out", out_dir,
         "--timeout", str(args.timeout), "--verbose", "2",
     ]
     print(f"\n=== {compression}: {' '.join(command[1:])}", flush=True)
@@ -104,6 +105,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=120, help="worker steps per run")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument(
+        "--weight-decay-mode", choices=("loss", "optimizer"), default="optimizer",
+        help="optimizer (default): decay applied on the PS; loss: an L2 term, which under "
+             "PSS pulls every kernel twice per step")
     parser.add_argument("--train-limit", type=int, default=10000)
     parser.add_argument("--test-limit", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=480, help="seconds per run")
@@ -127,7 +132,8 @@ def main(argv=None):
         f"{first['batch_size']} per run.\nDataset: {describe_dataset(first)}.\n"
         "Bytes per step: kernel TCP counters of the sockets between the processes (ss -tinp), "
         "over the steps of fit, divided by the steps.\nGradient payload ratio: dense fp32 "
-        "gradient bytes / encoded bytes, from the optimizer's counters."
+        "gradient bytes / encoded bytes, from the optimizer's counters.\nWeight decay: "
+        f"{args.weight_decay_mode} (see models.train --weight-decay-mode)."
     )
     table = results_table(summaries)
     text = f"{header}\n\n{table}\n"

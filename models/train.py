@@ -317,6 +317,7 @@ def train(args):
         "strategy": args.strategy, "workers": args.workers if args.strategy != "local" else 1,
         "ps": args.ps if args.strategy == "ps" else 0, "steps": steps_per_epoch * epochs,
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+        "weight_decay": args.weight_decay, "weight_decay_mode": args.weight_decay_mode,
         "command": "python -m models.train " + " ".join(args.argv),
     }
     is_chief, cluster = True, None
@@ -395,8 +396,16 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     replicas = strategy.num_replicas_in_sync if args.strategy == "mwms" else 1
     loss = tf_keras.losses.SparseCategoricalCrossentropy()
     with strategy.scope():
-        model = build_model(args.model, data.num_classes, data.input_shape, args.weight_decay)
+        in_loss = args.weight_decay_mode == "loss"
+        model = build_model(args.model, data.num_classes, data.input_shape,
+                            args.weight_decay if in_loss else 0.0)
         optimizer = make_optimizer(args, replicas, codec)
+        if not in_loss and args.weight_decay:
+            # Decoupled decay, applied where the variable lives, on kernels only (as the
+            # L2 term); no gradient term, so nothing extra is pulled or compressed.
+            optimizer.weight_decay = args.weight_decay
+            optimizer.exclude_from_weight_decay(
+                var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
         optimizer.build(model.trainable_variables)  # PSS: per-worker buffers before fit
         model.compile(optimizer, loss, metrics=["accuracy"])
     summary["parameters"] = int(model.count_params())
@@ -540,6 +549,11 @@ def build_parser():
     add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
     add("--momentum", type=float, default=0.9)
     add("--weight-decay", type=float, default=1e-4)
+    add("--weight-decay-mode", choices=("loss", "optimizer"), default="loss",
+        help="loss: an L2 term on the kernels, in the compressed gradients (He et al., "
+             "3LC); optimizer: decoupled decay applied by the optimizer on the variable's "
+             "device. Under PSS the L2 term reads every kernel a second time, which "
+             "doubles the bytes pulled from the parameter servers")
     add("--no-augment", dest="augment", action="store_false", help="no random crop / flip")
     add("--no-tensorboard", dest="tensorboard", action="store_false")
     add("--seed", type=int, default=0)
