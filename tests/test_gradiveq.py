@@ -206,3 +206,50 @@ def test_distributed_optimizer_single_process(tmp_path, rng):
     names = [n for n, _ in tf.train.list_variables(
         tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "opt")))]
     assert any("basis" in n for n in names)
+
+
+MIRRORED_SCRIPT = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras, tfgc
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+shape = (3, 3, 8, 8)
+with strategy.scope():
+    var = tf.Variable(tf.zeros(shape))
+    codec = tfgc.codecs.GradiVeQ(warmup_steps=1, sampling_steps=6, compressed_steps=3,
+                                 sampling_bits=None, early_stop_loss=0.5)
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=codec,
+                                    error_feedback=False, min_elements=100)
+    opt.build([var])
+layer = opt.codec_for(var)
+
+@tf.function
+def step(g):
+    def fn():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        opt.apply_gradients([(tf.gather(g, r), var)])
+    strategy.run(fn)
+
+rng = np.random.default_rng(0)
+directions = rng.normal(size=[192, 3])
+phases = []
+for t in range(11):
+    phases.append(int(layer.phase.numpy()))
+    g = (0.5 + rng.normal(size=[2, 3, 3]) @ directions.T).reshape((2,) + shape)
+    if t == 8:  # off the sampled span: both replicas vote to stop
+        g = rng.normal(size=(2,) + shape)
+    g = g.astype(np.float32)
+    before = var.numpy()
+    step(tf.constant(g))
+    if t != 8:  # warm-up, fp32 samples, and in-span compressed steps are exact
+        np.testing.assert_allclose(before - var.numpy(), g.sum(0), atol=1e-4)
+assert phases == [0] + [1] * 6 + [2] * 2 + [1] * 2, phases
+assert int(layer.dim.numpy()) == 3 and int(layer.early_stops.numpy()) == 1
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_all_reduce_sums_coefficients_and_votes(run_python):
+    assert "ok" in run_python(MIRRORED_SCRIPT, timeout=300)
