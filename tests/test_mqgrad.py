@@ -245,7 +245,8 @@ def test_callback_sets_codec_bits_and_charges_modelled_time():
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(640, 16)).astype("float32"), rng.integers(0, 3, 640)
-    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[callback, Check()])
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[callback, Check()])
+    assert history.history["bits"][-1] == callback.agent.bits
     used = [bits for _, bits, _ in seen]
     assert used == [s["bits"] for s in callback.trace] and len(used) == 40
     assert len(set(used)) > 1

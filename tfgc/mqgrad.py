@@ -433,7 +433,9 @@ class MQGrad(tf_keras.callbacks.Callback):
     epoch's running mean; the batch's own loss is (k+1)·mean_k - k·mean_{k-1}), measures
     the batch's time (wall time from batch begin to end, or `time_model`'s), feeds both to
     the agent and assigns the agent's bits to `codec.bits`. The batch logs get `bits`
-    (the bits the batch just used) and `mqgrad_ms` (the time charged).
+    (the bits the batch just used) and `mqgrad_ms` (the time charged), except under
+    ParameterServerStrategy, where batch logs are a read-only RemoteValue; the epoch logs
+    (History, TensorBoard) get the bits in force at the epoch's end.
 
     The bits chosen at the end of batch m apply from batch m + 1: a Keras callback cannot
     act between a batch's loss and its update. The paper's iteration indices are kept
@@ -532,6 +534,10 @@ class MQGrad(tf_keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if isinstance(logs, dict):  # History and TensorBoard get the bits per epoch
+            logs["bits"] = self.agent.bits
 
     def on_train_batch_end(self, batch, logs=None):
         wall_ms = 1000.0 * (time.perf_counter() - self._batch_start)
