@@ -1,7 +1,7 @@
 """Step time and bytes per step on a local 1-ps / 2-worker cluster: fp32 vs Int8 vs ThreeLC.
 
     python benchmarks/cluster_bench.py                       # loopback, 100mbit, 10mbit
-    python benchmarks/cluster_bench.py --bandwidths none --steps 40
+    python benchmarks/cluster_bench.py --bandwidths none --steps 20 --rounds 5
 
 For each bandwidth a fresh `tfgc.cluster.LocalCluster` (1 ps, 2 workers) is started
 in a process of its own (the coordinator's eager context belongs to one cluster);
@@ -11,7 +11,8 @@ cluster the same model (a 301k-parameter MLP on scikit-learn's digits, the data 
 `make demo`) is trained with tf_keras `model.fit` under ParameterServerStrategy, once
 per codec, and measured after a warm-up fit:
 
-* step time: wall time of the measured fit / steps (steps run on both workers);
+* step time: wall time of a measured fit / its steps (steps run on both workers),
+  median over rounds that interleave the codecs (so load changes hit all of them);
 * bytes per step per direction, from the kernel's per-socket TCP counters (`ss`):
   push = worker -> ps, pull = ps -> worker, and what the coordinator sent.
 
@@ -29,7 +30,7 @@ import time
 CODECS = ("fp32", "int8", "threelc")
 
 
-def measure(bandwidth, steps, batch):
+def measure(bandwidth, steps, batch, rounds):
     """Runs in a process of its own: one cluster, every codec; returns a dict."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
@@ -48,6 +49,9 @@ def measure(bandwidth, steps, batch):
     with cluster.LocalCluster(num_ps=1, num_workers=2, bandwidth=bandwidth, timeout_s=3000) as c:
         setup_s = time.monotonic() - started
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0)
+        data = data.repeat().batch(batch)
+        models = {}
         for name in CODECS:
             with strategy.scope():
                 tf_keras.utils.set_random_seed(0)
@@ -63,34 +67,42 @@ def measure(bandwidth, steps, batch):
                     optimizer.build(model.trainable_variables)
                 model.compile(
                     optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0)
-            data = data.repeat().batch(batch)
             model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace, connect
-            before = c.socket_bytes()
-            start = time.monotonic()
-            history = model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
-            wall = time.monotonic() - start
-            after = c.socket_bytes()
+            models[name] = model
+            rows[name] = {"step_ms": [], "push": 0, "pull": 0, "chief": 0, "loss": None,
+                          "params": int(sum(np.prod(v.shape) for v in model.trainable_variables))}
+        # Rounds interleave the codecs, so a change in machine load hits all of them;
+        # the step time reported is the median over rounds.
+        for _ in range(rounds):
+            for name in CODECS:
+                before = c.socket_bytes()
+                start = time.monotonic()
+                history = models[name].fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+                wall = time.monotonic() - start
+                after = c.socket_bytes()
 
-            def per_step(src, dst):
-                return (c.traffic_between(src, dst, rows=after)
-                        - c.traffic_between(src, dst, rows=before)) / steps
+                def sent(src, dst):
+                    return (c.traffic_between(src, dst, rows=after)
+                            - c.traffic_between(src, dst, rows=before))
 
-            rows[name] = {
-                "step_ms": 1000 * wall / steps,
-                "push": per_step("worker", "ps"),
-                "pull": per_step("ps", "worker"),
-                "chief": per_step("chief", "worker") + per_step("chief", "ps"),
-                "loss": history.history["loss"][-1],
-                "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-            }
+                row = rows[name]
+                row["step_ms"].append(1000 * wall / steps)
+                row["push"] += sent("worker", "ps")
+                row["pull"] += sent("ps", "worker")
+                row["chief"] += sent("chief", "worker") + sent("chief", "ps")
+                row["loss"] = history.history["loss"][-1]
+        for row in rows.values():
+            row["step_ms_all"] = row["step_ms"]
+            row["step_ms"] = float(np.median(row["step_ms"]))
+            for key in ("push", "pull", "chief"):
+                row[key] /= rounds * steps
     return {"bandwidth": bandwidth or "loopback", "setup_s": setup_s, "rows": rows}
 
 
-def run_one(bandwidth, steps, batch, timeout_s):
+def run_one(bandwidth, steps, batch, rounds, timeout_s):
     """Runs `measure` in a child process; returns its result or {"error": reason}."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", bandwidth or "none",
-           "--steps", str(steps), "--batch", str(batch)]
+           "--steps", str(steps), "--batch", str(batch), "--rounds", str(rounds)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -106,10 +118,10 @@ def _kb(n):
     return f"{n / 1000:,.1f}"
 
 
-def report(results, steps, batch):
+def report(results, steps, batch, rounds):
     lines = [
-        f"steps={steps} per codec (after 4 warm-up steps), batch {batch} per worker, "
-        "1 ps + 2 workers",
+        f"{rounds} rounds x {steps} steps per codec, interleaved, after 4 warm-up steps; "
+        f"batch {batch} per worker; 1 ps + 2 workers; step ms = median over rounds",
         "",
         "| link | codec | step ms | push KB/step | pull KB/step | push vs fp32 | "
         "step time vs fp32 | final loss |",
@@ -139,15 +151,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bandwidths", default="none,100mbit,10mbit",
                         help="comma-separated: none (loopback) or tc rates (default %(default)s)")
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per codec")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per round")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of `steps` per codec, interleaved (default 3)")
     parser.add_argument("--timeout", type=int, default=1500, help="seconds per bandwidth")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child is not None:
         bandwidth = None if args.child == "none" else args.child
-        print("RESULT " + json.dumps(measure(bandwidth, args.steps, args.batch)), flush=True)
+        print("RESULT " + json.dumps(measure(bandwidth, args.steps, args.batch, args.rounds)), flush=True)
         return 0
 
     from tfgc import cluster
@@ -161,8 +175,8 @@ def main(argv=None):
             continue
         print(f"[cluster_bench] measuring {bandwidth or 'loopback'} ...", file=sys.stderr,
               flush=True)
-        results.append(run_one(bandwidth, args.steps, args.batch, args.timeout))
-    print(report(results, args.steps, args.batch))
+        results.append(run_one(bandwidth, args.steps, args.batch, args.rounds, args.timeout))
+    print(report(results, args.steps, args.batch, args.rounds))
     return 0 if all("error" not in r or "needs" in r["error"] for r in results) else 1
 
 
