@@ -72,6 +72,7 @@ _CODEC_ALIASES = {
     "ternary": ("StochasticTernary", {}),
     "3lc": ("ThreeLC", {}),
 }
+_ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
 HISTORY_FIELDS = ("step", "time_s", "loss", "accuracy", "push_bytes", "push_dense_bytes")
 
 
@@ -291,7 +292,6 @@ def train(args):
     Returns:
       The summary dict (also written to <out>/summary.json by the chief).
     """
-    import gc
 
     import tensorflow as tf
     import tf_keras
@@ -351,13 +351,14 @@ def train(args):
     try:
         rows = _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary,
                                  steps_per_epoch, epochs)
-    finally:
+    except BaseException:
         if cluster is not None:
-            # Free the cluster functions while the servers still run: TensorFlow
-            # unregisters each on every task, and logs errors if they are gone.
-            tf_keras.backend.clear_session()
-            gc.collect()
-            cluster.stop(remove_logs=True)
+            cluster.stop(remove_logs=False)
+        raise
+    # The servers keep running until main() is done: TensorFlow unregisters every
+    # cluster function on every task when it is freed, and logs an error for each one
+    # whose server is gone.
+    _ACTIVE_CLUSTERS.extend([cluster] if cluster is not None else [])
 
     if is_chief:
         with open(os.path.join(out, "history.csv"), "w", newline="") as f:
@@ -606,12 +607,13 @@ def main(argv=None):
             "push_bytes_per_step", "payload_ratio", "socket_worker_to_ps_bytes_per_step",
             "socket_ps_to_worker_bytes_per_step", "socket_worker0_sent_bytes_per_step",
             "socket_worker0_received_bytes_per_step") if k in summary}))
-    if args.strategy == "ps" and not args.tf_config:
-        # The cluster is stopped and every output written; a normal interpreter exit
-        # would now free the remaining cluster functions, and TensorFlow would log an
-        # error for each one it can no longer unregister on the stopped servers.
+    if _ACTIVE_CLUSTERS:
+        # Every output is written. Stop the servers and leave without freeing the
+        # cluster functions (see train()): a normal exit would log an error for each.
         sys.stdout.flush()
         sys.stderr.flush()
+        for cluster in _ACTIVE_CLUSTERS:
+            cluster.stop(remove_logs=True)
         os._exit(0)
     return 0
 
