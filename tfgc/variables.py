@@ -103,7 +103,7 @@ def _maybe_pulled(master, min_elements):
         return master
     if master.shape.num_elements() < min_elements:
         return master
-    if not (_is_parameter_server(strategy) or not tf.distribute.has_strategy()):
+    if tf.distribute.has_strategy() and not _is_parameter_server(strategy):
         return master  # all-reduce strategies: every replica holds the model, no pulls
     return PulledVariable(master)
 
