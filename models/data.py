@@ -166,7 +166,8 @@ def load_images(name, data_dir=None, allow_substitute=False, limit=None, *,
       data_dir: tensorflow-datasets data directory for CIFAR (default: tfds's,
         ~/tensorflow_datasets).
       allow_substitute: when CIFAR is not available, load Fashion-MNIST instead (and
-        say so) rather than raising.
+        say so) rather than raising; scikit-learn's digits if Fashion-MNIST cannot be
+        fetched either.
       limit: keep at most this many training examples (and test examples, unless
         `test_limit` is given); the first ones, so runs are reproducible.
       manual_dir: directory holding the CIFAR archive as downloaded from
@@ -191,10 +192,15 @@ def load_images(name, data_dir=None, allow_substitute=False, limit=None, *,
             if not allow_substitute:
                 raise
             print(f"[models.data] {error}", file=sys.stderr)
-            data = _load_fashion_mnist()
+            try:
+                data = _load_fashion_mnist()
+            except DataUnavailableError as fashion_error:
+                # Still real data, bundled with scikit-learn: the run goes on, and says so.
+                print(f"[models.data] {fashion_error}", file=sys.stderr)
+                data = _load_digits()
             data.substitute_for = name
             print(f"[models.data] {name} is not available: using the real {data.name} "
-                  "dataset as a SUBSTITUTE (padded to 32x32x3)", file=sys.stderr)
+                  "dataset as a SUBSTITUTE (resized to 32x32x3)", file=sys.stderr)
     elif name == "fashion_mnist":
         data = _load_fashion_mnist()
     else:

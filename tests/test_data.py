@@ -212,3 +212,12 @@ def test_debian_package_dir_is_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(data.subprocess, "run", fail)
     assert data.debian_package_dir("somepkg", root=str(tmp_path)) == str(target)
+
+
+def test_substitute_falls_back_to_digits_without_fashion_mnist(tmp_path, monkeypatch):
+    def unavailable(root=None):
+        raise data.DataUnavailableError("no apt here")
+
+    monkeypatch.setattr(data, "fashion_mnist_dir", unavailable)
+    loaded = data.load_images("cifar100", data_dir=str(tmp_path), allow_substitute=True, limit=10)
+    assert loaded.name == "digits" and loaded.substitute_for == "cifar100"

@@ -50,3 +50,39 @@ def test_mqgrad_cnn_matches_section_4_1():
     assert [name.split("/")[0] for name in selected] == ["fc3", "fc4"]
     assert len(model.losses) == 2  # L2 on fc3 and fc4 only
     assert model(np.zeros((1, 32, 32, 3), np.float32)).shape == (1, 10)
+
+
+@pytest.mark.parametrize("loss", ["linear", "logistic", "svm"])
+def test_sparse_linear_models_table_iii_losses(loss):
+    import scipy.sparse
+    import tensorflow as tf
+
+    from models import sparse_models
+
+    x = scipy.sparse.csr_matrix(np.array([[1.0, 0, 2.0, 0], [0, 0.5, 0, 0]], np.float32))
+    y = np.array([1.0, -1.0], np.float32)
+    model = sparse_models.SparseLinearModel(4, loss=loss, l2=0.01)
+    w = np.array([0.3, -0.2, 0.1, 5.0], np.float32)
+    model.w.assign(w)
+    model.b.assign(0.05)
+    xs = sparse_models.to_sparse_tensor(x)
+    with tf.GradientTape() as tape:
+        value = model.loss(xs, y)
+    margin = x @ w + 0.05
+    data_loss = {"linear": (y - margin) ** 2, "logistic": np.log1p(np.exp(-y * margin)),
+                 "svm": np.maximum(0, 1 - y * margin)}[loss].mean()
+    penalty = 0.005 * (w[[0, 1, 2]] ** 2).sum()  # only the features in the batch
+    np.testing.assert_allclose(value.numpy(), data_loss + penalty, rtol=1e-5)
+    grad = tape.gradient(value, model.w)
+    assert isinstance(grad, tf.IndexedSlices)  # sparse: what FastSGD's keys encode
+    assert set(grad.indices.numpy().tolist()) <= {0, 1, 2}
+    assert 0.0 <= model.accuracy(xs, y).numpy() <= 1.0
+
+
+def test_fastsgd_mlp_shape():
+    from models import sparse_models
+
+    model = sparse_models.fastsgd_mlp()
+    assert model.output_shape == (None, 5)
+    assert [tuple(v.shape) for v in model.trainable_variables if len(v.shape) == 2] == [
+        (49, 100), (100, 100), (100, 5)]
