@@ -200,16 +200,18 @@ def plot(results, args, path):
     colors = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:green", "tab:purple", "tab:blue")))
     for method in METHODS:
         curves = np.array([on_grid(r, grid) for r in results if r["method"] == method])
-        if len(curves):
-            left.plot(grid, np.nanmean(curves, axis=0), label=method, color=colors[method])
+        if len(curves):  # the median: one diverging seed does not hide the others
+            left.plot(grid, np.nanmedian(curves, axis=0), label=method, color=colors[method])
     left.set_xlabel(f"modelled time (s): {args.compute_ms:g} ms compute + bytes / "
                     f"{args.bandwidth / 1e6:g} MB/s, both ways")
     left.set_ylabel("training loss (EMA)")
-    left.set_title(f"loss vs modelled time (mean of {len(args.seeds)} seed(s))")
+    left.set_title(f"loss vs modelled time (median of {len(args.seeds)} seed(s))")
     left.legend()
+    styles = ("-", "--", ":", "-.")
     for r in results:
         if r["method"] in ("MQGrad", "Adaptive"):
-            right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.7,
+            right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.8,
+                       linestyle=styles[args.seeds.index(r["seed"]) % len(styles)],
                        label=f"{r['method']} seed {r['seed']}")
     right.set_xlabel("modelled time (s)")
     right.set_ylabel("bits per value (quantized layers)")
@@ -232,14 +234,14 @@ def _seconds(value):
 
 def summarize(results, args):
     grid = np.array([0.25, 0.5, 0.75, 1.0]) * args.budget_s
-    lines = ["| method | steps (mean) | loss @25% | @50% | @75% | @100% of budget | "
+    lines = ["| method | steps (mean) | loss EMA @25% | @50% | @75% | @100% of budget (median of seeds) | "
              "time (s) to loss 1.0, per seed | to 0.8 | test acc | mean bits |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for method in METHODS:
         runs = [r for r in results if r["method"] == method]
         if not runs:
             continue
-        losses = np.nanmean([on_grid(r, grid - 1e-9) for r in runs], axis=0)
+        losses = np.nanmedian([on_grid(r, grid - 1e-9) for r in runs], axis=0)
         lines.append(
             f"| {method} | {np.mean([r['steps'] for r in runs]):.0f} | "
             + " | ".join(f"{v:.3f}" for v in losses)
