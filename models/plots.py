@@ -85,7 +85,8 @@ def plot_runs(run_dirs, out_png, smooth=20, title=None):
             ax.set_ylabel(key)
             ax.grid(alpha=0.3)
     axes[0][1].legend(fontsize=8)
-    fig.suptitle(title or f"dataset: {dataset or '?'} (moving average over {smooth} steps)")
+    smoothing = f" (moving average over {smooth} points)" if smooth > 1 else ""
+    fig.suptitle(title or f"dataset: {dataset or '?'}{smoothing}")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
     fig.savefig(out_png, dpi=100)
