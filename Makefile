@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tfgc-installed
 # TensorFlow first: the op library is compiled against it (no build isolation).
 BUILD_DEPS := "tensorflow==2.21.*" "setuptools>=68" wheel
-EXTRAS := .[test,data,bench]
+EXTRAS := .[test,data,bench,models]
 
-.PHONY: install demo test test-fast fuzz bench clean
+.PHONY: install apt-index demo codec-demo test test-fast fuzz bench clean
 
 $(STAMP): setup.py pyproject.toml $(wildcard tfgc_ops/cc/*.cc tfgc_ops/cc/*.h)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,16 +18,21 @@ $(STAMP): setup.py pyproject.toml $(wildcard tfgc_ops/cc/*.cc tfgc_ops/cc/*.h)
 
 install: $(STAMP)
 
+# Real datasets come from Debian packages (`apt-get download`, no install); a fresh
+# machine may have no package index yet, which only root can fetch.
+apt-index:
+	@apt-cache show dataset-fashion-mnist >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq || echo "note: no apt package index; real datasets from Debian packages will be unavailable"; }
+
 # The main job: a 1-PS/2-worker cluster on 127.0.0.1 trains ResNet-20 without and with
 # ThreeLC (a few minutes on 2 cores); table and plot in runs/demo.
-demo: install
-	@$(PY) -c "import matplotlib, tensorboard" 2>/dev/null || $(PY) -m pip install --quiet matplotlib tensorboard
+demo: install apt-index
 	$(PY) -m models.cluster_demo --out runs/demo
 
-codec-demo: install
+codec-demo: install apt-index
 	$(PY) -m models.codec_demo
 
-test: install
+test: install apt-index
 	$(PY) -m pytest -q
 
 test-fast: install
