@@ -123,21 +123,22 @@ def report(results, steps, batch, rounds):
         f"{rounds} rounds x {steps} steps per codec, interleaved, after 4 warm-up steps; "
         f"batch {batch} per worker; 1 ps + 2 workers; step ms = median over rounds",
         "",
-        "| link | codec | step ms | push KB/step | pull KB/step | push vs fp32 | "
+        "| link | codec | step ms | (rounds) | push KB/step | pull KB/step | push vs fp32 | "
         "step time vs fp32 | final loss |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         if "error" in result:
             lines.append(f"| {result['bandwidth']} | (skipped: {result['error']}) "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         rows = result["rows"]
         base = rows["fp32"]
         for name in CODECS:
             r = rows[name]
             lines.append(
-                f"| {result['bandwidth']} | {name} | {r['step_ms']:.1f} | {_kb(r['push'])} | "
+                f"| {result['bandwidth']} | {name} | {r['step_ms']:.1f} | "
+                f"{' '.join(f'{t:.0f}' for t in r['step_ms_all'])} | {_kb(r['push'])} | "
                 f"{_kb(r['pull'])} | {r['push'] / base['push']:.3f}x | "
                 f"{r['step_ms'] / base['step_ms']:.2f}x | {r['loss']:.3f} |"
             )
