@@ -83,12 +83,16 @@ class GradiVeQ(base.Codec):
       sampling_bucket_size: QSGD bucket size during sampling.
       seed: seed for QSGD's stochastic rounding (None: nondeterministic).
 
-    Use with `tfgc.DistributedOptimizer(..., error_feedback=False)` to follow the
-    paper (under Mirrored/MultiWorkerMirroredStrategy the codec owns the aggregation
-    and error feedback is not applied anyway).
+    Use with `tfgc.DistributedOptimizer(..., error_feedback=False)`: under error
+    feedback the part of each gradient outside U_d's span is never sent, so the residual
+    grows without bound and training diverged in `benchmarks/GRADIVEQ_RESULTS.md`
+    (under Mirrored/MultiWorkerMirroredStrategy the codec owns the aggregation and error
+    feedback is not applied anyway).
     """
 
     summable = True
+    #: Error feedback makes GradiVeQ diverge (see above); optimizers may skip it.
+    supports_error_feedback = False
 
     def __init__(
         self,
@@ -187,6 +191,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
     """
 
     summable = True
+    supports_error_feedback = False
 
     def __init__(self, settings, kernel_shape, name="gradiveq"):
         tf.Module.__init__(self, name=name)
