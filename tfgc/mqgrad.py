@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from tfgc import codecs
 from tfgc.codecs import base
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
 
@@ -650,6 +651,7 @@ def adaptive_bits(x, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS):
     return tf.cast(tf.clip_by_value(bits, float(min_bits), float(max_bits)), tf.int32)
 
 
+@codecs.register
 class AdaptiveQuantize(Quantize):
     """"Adaptive" (Oland & Raj 2015) as MQGrad's paper uses it: bits chosen per tensor.
 

@@ -34,6 +34,15 @@ _CODECS = {
 }
 
 
+def register(cls):
+    """Makes a codec class known to `deserialize` (for codecs defined outside this
+    package, such as `tfgc.mqgrad.AdaptiveQuantize`); returns it, so it can decorate."""
+    if not (isinstance(cls, type) and issubclass(cls, Codec)):
+        raise TypeError(f"register takes a Codec subclass, got {cls!r}")
+    _CODECS[cls.__name__] = cls
+    return cls
+
+
 def serialize(codec):
     """{"class_name", "config"} of a codec, for optimizer configs."""
     return {"class_name": type(codec).__name__, "config": codec.get_config()}
@@ -49,7 +58,7 @@ def deserialize(spec):
 
 
 __all__ = [
-    "Codec", "StochasticCodec", "payload_nbytes", "serialize", "deserialize",
+    "Codec", "StochasticCodec", "payload_nbytes", "register", "serialize", "deserialize",
     "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary", "OneBit",
     "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "QSGD",
     "GradiVeQ",
