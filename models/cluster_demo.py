@@ -3,7 +3,8 @@
     python -m models.cluster_demo            # about 5 minutes on 2 CPU cores
 
 For each compression (default: none, then ThreeLC with its default sparsity multiplier
-1.0, which 3LC finds converges fastest when training is short) it runs
+1.0, which 3LC finds converges fastest when training is short; as in 3LC, the codec
+compresses both gradient pushes and model pulls unless --no-pulls) it runs
 
     python -m models.train --strategy ps --ps 1 --workers 2 --dataset cifar10 --allow-substitute ...
 
@@ -36,6 +37,8 @@ def run_training(compression, args, out_dir):
         "--steps", str(args.steps), "--log-every", str(args.log_every),
         "--lr", str(args.lr), "--weight-decay-mode", args.weight_decay_mode,
         "--compression", compression, "--out", out_dir,
+        # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
+        "--pull-compression", compression if args.pulls else "none",
         "--timeout", str(args.timeout), "--verbose", "2",
     ]
     print(f"\n=== {compression}: {' '.join(command[1:])}", flush=True)
@@ -66,13 +69,18 @@ def _mb(n):
     return f"{n / 1e6:.3f}"
 
 
+def _ratio(value):
+    return "fp32" if value is None else f"{value:.1f}x"
+
+
 def results_table(summaries):
     """A Markdown table of the runs, ratios against the first (uncompressed) one."""
     base = summaries[0]
     lines = [
         "| compression | test acc | train loss | worker->PS MB/step | PS->worker MB/step "
-        "| worker->PS ratio (socket) | gradient payload ratio | step time (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| worker->PS ratio (socket) | PS->worker ratio (socket) | push payload ratio "
+        "| pull payload ratio | step time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         up, down = s["socket_worker_to_ps_bytes_per_step"], s["socket_ps_to_worker_bytes_per_step"]
@@ -80,7 +88,9 @@ def results_table(summaries):
             f"| {s['compression']} | {s['test_accuracy']:.4f} | {s['final_train_loss']:.3f} "
             f"| {_mb(up)} | {_mb(down)} "
             f"| {base['socket_worker_to_ps_bytes_per_step'] / up:.1f}x "
-            f"| {s['payload_ratio']:.1f}x | {s['step_time_s']:.3f} |"
+            f"| {base['socket_ps_to_worker_bytes_per_step'] / down:.1f}x "
+            f"| {s['payload_ratio']:.1f}x | {_ratio(s.get('pull_payload_ratio'))} "
+            f"| {s['step_time_s']:.3f} |"
         )
     return "\n".join(lines)
 
@@ -102,6 +112,8 @@ def main(argv=None):
                         help="cifar10 if available offline, else Fashion-MNIST (recorded)")
     parser.add_argument("--compressions", nargs="+", default=list(DEFAULT_COMPRESSIONS))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-pulls", dest="pulls", action="store_false",
+                        help="compress pushes only (model pulls stay fp32)")
     parser.add_argument("--steps", type=int, default=120, help="worker steps per run")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -132,7 +144,8 @@ def main(argv=None):
         f"{first['batch_size']} per run.\nDataset: {describe_dataset(first)}.\n"
         "Bytes per step: kernel TCP counters of the sockets between the processes (ss -tinp), "
         "over the steps of fit, divided by the steps.\nGradient payload ratio: dense fp32 "
-        "gradient bytes / encoded bytes, from the optimizer's counters.\nWeight decay: "
+        "gradient bytes / encoded bytes, from the optimizer's counters (pull: the same for "
+        "model deltas).\nWeight decay: "
         f"{args.weight_decay_mode} (see models.train --weight-decay-mode)."
     )
     table = results_table(summaries)

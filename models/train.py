@@ -48,6 +48,7 @@ padding) and horizontal flip.
 """
 import argparse
 import ast
+import contextlib
 import csv
 import inspect
 import json
@@ -153,7 +154,7 @@ def make_dataset(x, y, batch_size, mean, std, augment, seed, shuffle=True, repea
     return ds.batch(batch_size, drop_remainder=repeat).prefetch(tf.data.AUTOTUNE)
 
 
-def make_optimizer(args, replicas, codec):
+def make_optimizer(args, replicas, codec, pull_codec=None):
     """SGD(momentum 0.9) with cosine decay, wrapped in a tfgc.DistributedOptimizer."""
     import tf_keras
 
@@ -170,7 +171,8 @@ def make_optimizer(args, replicas, codec):
     if isinstance(codec, tfgc.codecs.NoCompression):
         feedback = False
     return tfgc.DistributedOptimizer(
-        inner, compression=codec, min_elements=args.min_elements, error_feedback=feedback
+        inner, compression=codec, pull_compression=pull_codec, min_elements=args.min_elements,
+        error_feedback=feedback,
     )
 
 
@@ -314,6 +316,7 @@ def train(args):
         "dataset": data.name, "substitute_for": data.substitute_for,
         "train_examples": int(len(data.x_train)), "test_examples": int(len(data.x_test)),
         "compression": args.compression, "codec": tfgc.codecs.serialize(codec),
+        "pull_compression": args.pull_compression,
         "strategy": args.strategy, "workers": args.workers if args.strategy != "local" else 1,
         "ps": args.ps if args.strategy == "ps" else 0, "steps": steps_per_epoch * epochs,
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
@@ -396,11 +399,17 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     # Synchronous replicas scale the learning rate; a PS update is one worker's batch.
     replicas = strategy.num_replicas_in_sync if args.strategy == "mwms" else 1
     loss = tf_keras.losses.SparseCategoricalCrossentropy()
+    pull_codec = None if args.pull_compression == "none" else parse_compression(args.pull_compression)
     with strategy.scope():
         in_loss = args.weight_decay_mode == "loss"
-        model = build_model(args.model, data.num_classes, data.input_shape,
-                            args.weight_decay if in_loss else 0.0)
-        optimizer = make_optimizer(args, replicas, codec)
+        # Weights created under compressed_pulls are read on workers from caches that
+        # the parameter servers update with compressed deltas (3LC's pulls).
+        pulls = (tfgc.compressed_pulls(args.min_elements) if pull_codec is not None
+                 else contextlib.nullcontext())
+        with pulls:
+            model = build_model(args.model, data.num_classes, data.input_shape,
+                                args.weight_decay if in_loss else 0.0)
+        optimizer = make_optimizer(args, replicas, codec, pull_codec)
         if not in_loss and args.weight_decay:
             # Decoupled decay, applied where the variable lives, on kernels only (as the
             # L2 term); no gradient term, so nothing extra is pulled or compressed.
@@ -454,6 +463,9 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     summary["push_dense_bytes_per_step"] = counters["push_dense_bytes"] / steps_done
     summary["payload_ratio"] = (
         counters["push_dense_bytes"] / counters["push_bytes"] if counters["push_bytes"] else None)
+    summary["pull_bytes_per_step"] = counters["pull_bytes"] / steps_done
+    summary["pull_payload_ratio"] = (
+        counters["pull_dense_bytes"] / counters["pull_bytes"] if counters["pull_bytes"] else None)
     if cluster is not None:
         before, after = recorder.socket_rows[0], recorder.socket_rows[-1]
         for key in ("worker_to_ps", "ps_to_worker"):
@@ -534,6 +546,9 @@ def build_parser():
     add("--train-limit", type=int, default=None, help="use the first N training images")
     add("--test-limit", type=int, default=None, help="evaluate on the first N test images")
     add("--compression", default="none", help="codec spec, e.g. threelc:sparsity=1.75")
+    add("--pull-compression", default="none",
+        help="codec spec for model pulls from parameter servers (3LC; --strategy ps or "
+             "local), e.g. threelc; none: fp32 pulls")
     add("--no-error-feedback", dest="error_feedback", action="store_false",
         help="disable error feedback (residual accumulation)")
     add("--min-elements", type=int, default=1024,
@@ -579,8 +594,12 @@ def main(argv=None):
         parser.error("--steps, --workers, --ps and --batch-size must be positive")
     try:
         parse_compression(args.compression)
+        if args.pull_compression != "none":
+            parse_compression(args.pull_compression)
     except ValueError as error:
         parser.error(str(error))
+    if args.pull_compression != "none" and args.strategy == "mwms":
+        parser.error("--pull-compression needs parameter servers (--strategy ps) or local")
     if args.name is None:
         args.name = "-".join([args.model, args.dataset, args.compression.replace(":", "_")
                               .replace("=", "").replace(",", "_"), args.strategy])
