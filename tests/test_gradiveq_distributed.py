@@ -138,6 +138,7 @@ def test_mwms_ring_all_reduce_sums_in_the_compressed_domain(tmp_path):
         # Medians: now and then a step's transfer is not seen, or lands in a neighbouring
         # step (gRPC may use a short-lived connection; a peer pulls data when ready).
         warm, sampling, compressed = (int(np.median(by_phase[p])) for p in (0, 1, 2))
+        print("per step", {p: v for p, v in by_phase.items()})
         d = report["records"][-6]["d"]
         payload = 4 * (report["slices"] * d + 1) + 4
         print(f"worker {report['worker']}: fp32 {fp32} B; sent per step: warm-up {warm} B, "
