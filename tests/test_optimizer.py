@@ -200,3 +200,28 @@ def test_traffic_logger_reports_each_step(tmp_path):
     assert len(rows) == 1 + 10 * 4  # four variables pushed every step
     step0 = [r.split(",") for r in rows[1:5]]
     assert {r[1] for r in step0} == set(by_variable) and {r[2] for r in step0} == {"push"}
+
+
+class _PerVariableCodec(C.NoCompression):
+    """Binds a copy per variable that remembers its shape; refuses error feedback."""
+
+    supports_error_feedback = False
+
+    def bind(self, variable):
+        bound = _PerVariableCodec()
+        bound.shape = tuple(variable.shape)
+        return bound
+
+
+def test_codecs_are_bound_per_variable_and_may_refuse_error_feedback():
+    big = tf.Variable(np.zeros([40, 50], np.float32))
+    other = tf.Variable(np.zeros([64, 32], np.float32))
+    small = tf.Variable(np.zeros([10], np.float32))
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=_PerVariableCodec())
+    opt.build([big, other, small])
+    assert opt.codec_for(big).shape == (40, 50) and opt.codec_for(other).shape == (64, 32)
+    assert not opt._residuals  # error_feedback=True, but the codec refuses it
+    with pytest.raises(KeyError):
+        opt.codec_for(small)  # below min_elements: not compressed, no codec
+    opt.apply_gradients([(tf.ones([40, 50]), big), (tf.ones([64, 32]), other)])
+    np.testing.assert_array_equal(big.numpy(), -np.ones([40, 50]))

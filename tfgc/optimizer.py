@@ -164,8 +164,9 @@ class CompressingBase:
                 "`with strategy.scope(): optimizer.build(model.trainable_variables)`"
             )
         for variable in missing:
-            self._codecs[self._key(variable)] = self.compression.bind(variable)
-            if self.error_feedback:
+            codec = self.compression.bind(variable)
+            self._codecs[self._key(variable)] = codec
+            if self.error_feedback and codec.supports_error_feedback:
                 self._residuals[self._residual_key(variable)] = _residual_variable(variable)
 
     def _key(self, variable):

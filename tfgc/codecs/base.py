@@ -27,6 +27,11 @@ class Codec(abc.ABC):
     #: decode(sum of payloads) == sum of decodes (all-reduce in the compressed domain).
     summable = False
 
+    #: False for codecs that error feedback harms (GradiVeQ: what lies outside the
+    #: compressor's span is never sent, so a residual would only grow);
+    #: `DistributedOptimizer` then keeps no residual for them.
+    supports_error_feedback = True
+
     @property
     def name(self):
         return type(self).__name__
