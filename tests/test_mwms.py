@@ -154,11 +154,6 @@ def test_mwms_summable_codec_is_all_reduced_compressed(tmp_path):
         check_codec(report, "fp16", 0.5, 0.55)
 
 
-# TensorFlow 2.21's MWMS all_gather of a tensor with no elements (CollectiveGatherV2,
-# ring, CPU) kills the process with SIGSEGV; the optimizer gathers `tf.shape(t)[None]`,
-# which has no elements for a scalar payload tensor (Int8's and ThreeLC's scale).
-@pytest.mark.xfail(strict=True, reason="optimizer all-gathers a zero-element shape tensor "
-                   "for scalar payload tensors; TF segfaults (see comment)")
 def test_mwms_non_summable_codecs_are_all_gathered_compressed(tmp_path):
     reports = run_workers(tmp_path, ["int8", "threelc"])
     for report in reports:
