@@ -77,7 +77,9 @@ COORDINATOR = textwrap.dedent(
             callback = EpochLosses()
             pushed0 = int(opt.traffic["push_bytes"].numpy())
             rows0 = c.socket_bytes()
-            model.fit(data, epochs=steps, steps_per_epoch=1, verbose=0, callbacks=[callback])
+            traffic = tfgc.callbacks.TrafficLogger()
+            history = model.fit(data, epochs=steps, steps_per_epoch=1, verbose=0,
+                                callbacks=[callback, traffic])
             rows1 = c.socket_bytes()
             report[run] = {
                 "sent": c.traffic_between("worker", "ps", rows=rows1)
@@ -85,6 +87,7 @@ COORDINATOR = textwrap.dedent(
                 "payload": int(opt.traffic["push_bytes"].numpy()) - pushed0,
                 "dense": steps * n * n * 4,
                 "losses": callback.losses,
+                "logged_push_bytes": history.history.get("push_bytes"),
                 "payload_dtypes": dtypes,
                 "dumps": new,
                 "kernel": model.trainable_variables[0].name.split(":")[0],
@@ -202,6 +205,8 @@ def test_worker_to_ps_bytes_equal_payload_bytes(report):
         wire = r["sent"] - overhead * STEPS
         assert abs(wire - r["payload"]) <= 0.01 * r["payload"], (run, wire, r["payload"], overhead)
         assert all(math.isfinite(loss) for loss in r["losses"]), (run, r["losses"])
+        # TrafficLogger put the same payload bytes into the Keras logs, per step.
+        assert sum(r["logged_push_bytes"]) == pytest.approx(r["payload"]), r
     fp32 = report["fp32"]["sent"]
     assert report["fp32"]["payload"] == report["fp32"]["dense"]
     assert 0.24 < report["int8"]["sent"] / fp32 < 0.26
