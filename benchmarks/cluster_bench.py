@@ -1,4 +1,5 @@
-"""Step time and bytes per step on a local 1-ps / 2-worker cluster: fp32 vs Int8 vs ThreeLC.
+"""Step time and bytes per step on a local 1-ps / 2-worker cluster: fp32 vs Int8 vs ThreeLC,
+pushes only and pushes + pulls.
 
     python benchmarks/cluster_bench.py                       # loopback, 100mbit, 10mbit
     python benchmarks/cluster_bench.py --bandwidths none --steps 20 --rounds 5
@@ -17,17 +18,19 @@ per codec, and measured after a warm-up fit:
   push = worker -> ps, pull = ps -> worker, and what the coordinator sent.
 
 Ratios (against fp32 at the same bandwidth) are computed from numbers measured in the
-same run. Pulls are not compressed by this benchmark: they are the same fp32 model for
-every codec.
+same run. "int8" and "threelc" compress gradient pushes only (pulls are the fp32
+model); "+pull" rows also compress model pulls with the same codec (3LC): the model is
+built under `tfgc.compressed_pulls()` and the optimizer gets `pull_compression`.
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 
-CODECS = ("fp32", "int8", "threelc")
+CODECS = ("fp32", "int8", "threelc", "int8+pull", "threelc+pull")
 
 
 def measure(bandwidth, steps, batch, rounds):
@@ -53,17 +56,22 @@ def measure(bandwidth, steps, batch, rounds):
         data = data.repeat().batch(batch)
         models = {}
         for name in CODECS:
+            base_name, pulls = name.split("+")[0], name.endswith("+pull")
             with strategy.scope():
                 tf_keras.utils.set_random_seed(0)
-                model = tf_keras.Sequential([
-                    tf_keras.layers.Dense(512, activation="relu", input_shape=(64,)),
-                    tf_keras.layers.Dense(512, activation="relu"),
-                    tf_keras.layers.Dense(10),
-                ])
+                with tfgc.compressed_pulls() if pulls else contextlib.nullcontext():
+                    model = tf_keras.Sequential([
+                        tf_keras.layers.Dense(512, activation="relu", input_shape=(64,)),
+                        tf_keras.layers.Dense(512, activation="relu"),
+                        tf_keras.layers.Dense(10),
+                    ])
                 optimizer = tf_keras.optimizers.SGD(0.05)
                 if name != "fp32":
-                    codec = {"int8": tfgc.codecs.Int8(), "threelc": tfgc.codecs.ThreeLC(1.0)}[name]
-                    optimizer = tfgc.DistributedOptimizer(optimizer, compression=codec)
+                    make_codec = {"int8": tfgc.codecs.Int8,
+                                  "threelc": lambda: tfgc.codecs.ThreeLC(1.0)}[base_name]
+                    optimizer = tfgc.DistributedOptimizer(
+                        optimizer, compression=make_codec(),
+                        pull_compression=make_codec() if pulls else None)
                     optimizer.build(model.trainable_variables)
                 model.compile(
                     optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -124,13 +132,13 @@ def report(results, steps, batch, rounds):
         f"batch {batch} per worker; 1 ps + 2 workers; step ms = median over rounds",
         "",
         "| link | codec | step ms | (rounds) | push KB/step | pull KB/step | push vs fp32 | "
-        "step time vs fp32 | final loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "pull vs fp32 | step time vs fp32 | final loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         if "error" in result:
             lines.append(f"| {result['bandwidth']} | (skipped: {result['error']}) "
-                         "| | | | | | | |")
+                         "| | | | | | | | |")
             continue
         rows = result["rows"]
         base = rows["fp32"]
@@ -140,6 +148,7 @@ def report(results, steps, batch, rounds):
                 f"| {result['bandwidth']} | {name} | {r['step_ms']:.1f} | "
                 f"{' '.join(f'{t:.0f}' for t in r['step_ms_all'])} | {_kb(r['push'])} | "
                 f"{_kb(r['pull'])} | {r['push'] / base['push']:.3f}x | "
+                f"{r['pull'] / base['pull']:.3f}x | "
                 f"{r['step_ms'] / base['step_ms']:.2f}x | {r['loss']:.3f} |"
             )
     params = next((r["rows"]["fp32"]["params"] for r in results if "rows" in r), None)
