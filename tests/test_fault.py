@@ -1,4 +1,5 @@
-"""A worker killed with SIGKILL in the middle of `model.fit` under ParameterServerStrategy.
+"""A worker killed with SIGKILL in the middle of `model.fit` under ParameterServerStrategy,
+with compressed pushes and pulls.
 
 The coordinator's worker-failure handling puts the failed steps back in its queue and
 runs them on the surviving worker; the launcher restarts the dead task on its address
@@ -7,7 +8,8 @@ resource closures there (`Worker._on_worker_recovery` in TensorFlow's
 cluster_coordinator.py): per-worker datasets and per-worker variables, such as the
 optimizer's error-feedback residuals, are created anew on the new process from their
 initial values (zeros). The residual the dead worker had not sent yet is lost; the
-training must not notice more than that.
+training must not notice more than that. Its pull caches are re-created unsynced, so its
+first step pulls the full model once instead of diverging from its PS snapshot.
 """
 import json
 import os
@@ -41,23 +43,32 @@ COORDINATOR = textwrap.dedent(
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
         with strategy.scope():
             tf_keras.utils.set_random_seed(0)
-            model = tf_keras.Sequential([
-                tf_keras.layers.Dense(256, activation="relu", input_shape=(64,)),
-                tf_keras.layers.Dense(10)])
+            with tfgc.compressed_pulls():
+                model = tf_keras.Sequential([
+                    tf_keras.layers.Dense(256, activation="relu", input_shape=(64,)),
+                    tf_keras.layers.Dense(10)])
             optimizer = tfgc.DistributedOptimizer(
-                tf_keras.optimizers.SGD(0.1), compression=tfgc.codecs.ThreeLC(1.0))
+                tf_keras.optimizers.SGD(0.1), compression=tfgc.codecs.ThreeLC(1.0),
+                pull_compression=tfgc.codecs.ThreeLC(1.0))
             optimizer.build(model.trainable_variables)
             model.compile(optimizer,
                           tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         residuals = list(optimizer._residuals.values())
+        pulled = [v for v in model.trainable_variables if hasattr(v, "snapshots")]
         report["old_pid"] = c.pids["worker"][1]
 
         def residual_stats():
             values = [[v.numpy() for v in r.read_all()] for r in residuals]
-            return {
+            stats = {
                 "finite": bool(all(np.isfinite(w).all() for ws in values for w in ws)),
                 "norms": [[float(np.linalg.norm(w)) for w in ws] for ws in values],
             }
+            # Pull state: is each worker's cache what its PS snapshot says it holds?
+            stats["synced"] = [[bool(s.numpy()) for s in v.synced.read_all()] for v in pulled]
+            stats["cache_is_snapshot"] = [
+                [bool(np.array_equal(cache.numpy(), v.snapshots.numpy()[w]))
+                 for w, cache in enumerate(v.cache.read_all())] for v in pulled]
+            return stats
 
         class KillWorker(tf_keras.callbacks.Callback):
             # Epoch-level (tf_keras rejects batch-level callbacks under PSS). The kill
@@ -147,10 +158,16 @@ def test_kill_9_worker_mid_fit_completes_with_consistent_residuals(tmp_path):
     assert report["before_kill"]["finite"] and report["recovered"]["finite"]
     for norms in report["recovered"]["norms"]:
         assert norms[1] == 0.0 and norms[0] > 0.0, report["recovered"]
+    # Its pull caches too: not synced, so its next step starts with one full pull.
+    assert report["before_kill"]["synced"] == [[True, True]] * 2, report["before_kill"]
+    assert report["recovered"]["synced"] == [[True, False]] * 2, report["recovered"]
     # Then the restarted worker trained again and refilled them: finite, non-zero and
     # of the same size as the survivor's, and the loss kept falling.
     assert report["pushed"][1] > 0, report["pushed"]
     assert report["after"]["finite"]
+    # After training on, both workers' caches are again exactly their PS snapshots.
+    assert report["after"]["synced"] == [[True, True]] * 2, report["after"]
+    assert report["after"]["cache_is_snapshot"] == [[True, True]] * 2, report["after"]
     for norms in report["after"]["norms"]:
         assert 0.0 < norms[1] < 10 * norms[0] and norms[0] < 10 * norms[1], report["after"]
     loss = report["loss"]
