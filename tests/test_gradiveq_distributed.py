@@ -198,7 +198,9 @@ def test_parameter_server_decodes_pushes_and_workers_cache_the_compressor(run_py
     result = json.loads(line[len("RESULTS "):])
     print(result)
     kernel_bytes = 3 * 3 * 32 * 32 * 4
-    assert result["steps"] == 30 and result["refreshes"] == 2
+    # Two refreshes when every push arrives in the phase it was encoded in; a stale
+    # push that lands in a sampling phase is not a sample, so that phase runs longer.
+    assert result["steps"] == 30 and result["refreshes"] in (1, 2)
     # 3 fp32 warm-up pushes, 8 QSGD pushes (1/8), the rest d/K: the payloads are far
     # below 30 fp32 pushes, and so are the sockets' bytes (payloads + RPC overhead).
     # Workers are asynchronous: a push encoded before the PS's phase change reached its
