@@ -29,7 +29,11 @@ advances the schedule once per push (so warm-up and L_t, L_c count pushes, and t
 samples are single workers' gradients), and each worker keeps a copy of U and mu that it
 pulls once per refresh. A compressed push still in flight across a whole sampling phase
 would be decoded with the new compressor; with L_t pushes in between this needs a
-worker that stalls for L_t of its peers' steps.
+worker that stalls for L_t of its peers' steps. The schedule's counters are not updated
+under a lock on the parameter server: a push encoded in an earlier phase is not a
+sample (that sampling phase runs longer), and two pushes decoded at the same moment can
+both end a sampling phase (one extra refresh). The aggregate stays correct; only the
+schedule's timing varies.
 
 `GradiVeQ(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
 for each compressed variable) returns the per-layer `GradiVeQLayer`, a `tf.Module`
