@@ -63,7 +63,7 @@ def test_parameter_servers_receive_only_compressed_gradients(run_python):
     # ThreeLC: the PS partitions received payloads, not fp32 (decode ran on the PS).
     assert compressed["worker_to_ps"] < plain["worker_to_ps"] / 8
     assert compressed["worker_to_ps"] >= compressed["counted"]
-    # Pulls are not compressed (yet): the same fp32 model goes back to the workers.
+    # Without a pull codec the same fp32 model goes back to the workers.
     assert compressed["ps_to_worker"] > 0.8 * plain["ps_to_worker"]
     # Training still learns.
     assert compressed["loss"][-1] < compressed["loss"][0]
