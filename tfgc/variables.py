@@ -186,7 +186,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         if graph not in self._pulled:
             # One handle per graph: the tape watches and differentiates this tensor.
             handle = self.cache.handle
-            self._pulled[graph] = (handle, None)
+            self._pulled[graph] = (handle, None)  # a read while adding the pull: no pull
             self._pulled[graph] = (handle, self._pull(handle))
         return self._pulled[graph]
 
