@@ -13,7 +13,8 @@ Supported: single-process use (encode and decode locally) and all-reduce strateg
 """
 import tensorflow as tf
 
-from tfgc.optimizer import DEFAULT_MIN_ELEMENTS, CompressingBase, _is_parameter_server
+from tfgc.optimizer import DEFAULT_MIN_ELEMENTS, CompressingBase
+from tfgc.variables import is_parameter_server
 
 HOOK = "_all_reduce_sum_gradients"
 _CLASSES = {}
@@ -63,7 +64,7 @@ class _Keras3Mixin(CompressingBase):
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         strategy = tf.distribute.get_strategy()
-        if _is_parameter_server(strategy):
+        if is_parameter_server(strategy):
             raise NotImplementedError(
                 "Keras 3 has no ParameterServerStrategy training; use a tf_keras optimizer"
             )

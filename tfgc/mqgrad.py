@@ -35,6 +35,7 @@ import tf_keras
 from tfgc import codecs
 from tfgc.codecs import base
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
+from tfgc.variables import dense_nbytes
 
 __all__ = [
     "MQGrad", "MQGradAgent", "TimeModel", "AdaptiveQuantize", "smooth_losses",
@@ -592,7 +593,7 @@ class MQGrad(tf_keras.callbacks.Callback):
                     payload, _ = self.codec._quantize(zeros, tf.constant(bits, tf.int32))
                     total += int(base.payload_nbytes(payload))
                 else:
-                    total += variable.shape.num_elements() * variable.dtype.size
+                    total += dense_nbytes(variable)
             self._bytes_by_bits[bits] = total
         return self._bytes_by_bits[bits]
 

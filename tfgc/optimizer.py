@@ -20,7 +20,7 @@ import tensorflow as tf
 from tfgc import codecs
 from tfgc.codecs import base
 from tfgc.memory import feedback_step
-from tfgc.variables import PulledVariable
+from tfgc.variables import PulledVariable, dense_nbytes, is_parameter_server, local_variable
 
 DEFAULT_MIN_ELEMENTS = 1024
 # Traffic is counted per direction and per variable: bytes on the wire, and the bytes of
@@ -119,7 +119,6 @@ class CompressingBase:
         # bytes per variable (the last column: variables built later). One update per
         # step and direction keeps counting off the wire.
         self._traffic = None
-        self._traffic_columns = {}
 
     def _variable_index(self, variable):
         """The variable's position in the optimizer (as for its slots)."""
@@ -147,7 +146,6 @@ class CompressingBase:
     def _build_compression(self, var_list):
         """Creates the traffic counters, bound codecs and residuals of `var_list`."""
         if self._traffic is None:
-            self._traffic_columns = {self._var_key(v): i for i, v in enumerate(var_list)}
             self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
             self._traffic = {
                 d: _counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
@@ -156,7 +154,7 @@ class CompressingBase:
             v for v in var_list if self.compresses(v) and self._key(v) not in self._codecs
         ]
         strategy = tf.distribute.get_strategy()
-        if missing and _is_parameter_server(strategy) and not tf.distribute.in_cross_replica_context():
+        if missing and is_parameter_server(strategy) and not tf.distribute.in_cross_replica_context():
             # Per-worker variables cannot be created while a worker function is traced.
             raise RuntimeError(
                 "Under ParameterServerStrategy, build the DistributedOptimizer before "
@@ -228,11 +226,13 @@ class CompressingBase:
         """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
         if not sent:
             return
+        # Columns are the variables' positions at the first build; later ones share
+        # the last column.
         other = len(self._traffic_names) - 1
-        columns = [self._traffic_columns.get(self._var_key(v), other) for v, _ in sent]
+        columns = [min(self._variable_index(v), other) for v, _ in sent]
         indices = [[row, c] for row in (0, 1) for c in columns]
         updates = [tf.cast(b, tf.int64) for _, b in sent]
-        updates += [tf.constant(_dense_bytes(v), tf.int64) for v, _ in sent]
+        updates += [tf.constant(dense_nbytes(v), tf.int64) for v, _ in sent]
         counter = self._traffic[direction]
         counter.assign_add(tf.scatter_nd(indices, tf.stack(updates), counter.shape))
 
@@ -259,7 +259,7 @@ class CompressingBase:
             if wire == self._all_reduce:  # pylint: disable=comparison-with-callable
                 context = tf.distribute.get_replica_context()
                 gradient = context.all_reduce(tf.distribute.ReduceOp.SUM, gradient)
-            return gradient, _dense_bytes(variable)
+            return gradient, dense_nbytes(variable)
         return wire(gradient, variable)
 
     # --- the three wires: each returns (received gradient, payload bytes) ---------------
@@ -337,7 +337,7 @@ class _CompressingMixin(CompressingBase):
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
         )
-        if _is_parameter_server(strategy):
+        if is_parameter_server(strategy):
             send, aggregate = self._push_to_variable_device, False
         elif strategy.num_replicas_in_sync > 1 and aggregate:
             send, aggregate = self._all_reduce, False
@@ -349,46 +349,18 @@ class _CompressingMixin(CompressingBase):
         )
 
 
-def _dense_bytes(variable):
-    return variable.shape.num_elements() * variable.dtype.size
-
-
-def _is_parameter_server(strategy):
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-
-
 def _residual_variable(variable):
     """A zero residual of `variable`'s shape kept where its gradients are produced."""
     # Under PSS one copy per worker: a residual on the parameter server would be pulled
     # in fp32. Under mirrored strategies a checkpoint keeps the replicas' sum, the total
     # unsent error.
-    return _local_variable(tf.zeros(variable.shape, variable.dtype),
-                           f"residual/{variable.name.split(':')[0]}", per_worker=True)
+    return local_variable(tf.zeros(variable.shape, variable.dtype),
+                          f"residual/{variable.name.split(':')[0]}", per_worker=True)
 
 
 def _counter_variable(shape, name):
     """Cumulative int64 byte counters that every replica or worker adds to."""
-    return _local_variable(tf.zeros(shape, tf.int64), name, per_worker=False)
-
-
-def _local_variable(initial_value, name, per_worker):
-    """A variable each replica updates on its own copy of; reading it sums the copies.
-
-    Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
-    variable on a parameter server that every worker adds to. The strategy's variable
-    creator is active here (as for the optimizer's slots).
-    """
-    strategy = tf.distribute.get_strategy()
-    if _is_parameter_server(strategy):
-        return tf.Variable(initial_value, trainable=False, name=name,
-                           per_worker_variable=per_worker)
-    if strategy.num_replicas_in_sync > 1:
-        return tf.Variable(
-            initial_value, trainable=False, name=name,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
-        )
-    return tf.Variable(initial_value, trainable=False, name=name)
+    return local_variable(tf.zeros(shape, tf.int64), name, per_worker=False)
 
 
 # dtypes TensorFlow's all-gather takes; others travel as their bytes packed in int32.

@@ -103,13 +103,39 @@ def _maybe_pulled(master, min_elements):
         return master
     if master.shape.num_elements() < min_elements:
         return master
-    if tf.distribute.has_strategy() and not _is_parameter_server(strategy):
+    if tf.distribute.has_strategy() and not is_parameter_server(strategy):
         return master  # all-reduce strategies: every replica holds the model, no pulls
     return PulledVariable(master)
 
 
-def _is_parameter_server(strategy):
+def is_parameter_server(strategy):
+    """True for ParameterServerStrategy (variables on servers, asynchronous workers)."""
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def dense_nbytes(variable):
+    """Bytes of `variable` as a dense tensor: what sending it uncompressed costs."""
+    return variable.shape.num_elements() * variable.dtype.size
+
+
+def local_variable(initial_value, name, per_worker):
+    """A variable each replica updates on its own copy of; reading it sums the copies.
+
+    Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
+    variable on a parameter server that every worker adds to. The strategy's variable
+    creator is active here (as for an optimizer's slots).
+    """
+    strategy = tf.distribute.get_strategy()
+    if is_parameter_server(strategy):
+        return tf.Variable(initial_value, trainable=False, name=name,
+                           per_worker_variable=per_worker)
+    if strategy.num_replicas_in_sync > 1:
+        return tf.Variable(
+            initial_value, trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+    return tf.Variable(initial_value, trainable=False, name=name)
 
 
 class PulledVariable(resource_variable_ops.BaseResourceVariable):
@@ -132,16 +158,17 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         # Like TF's own variable wrappers, this one holds no resource of its own.
         self._master = master
         strategy = tf.distribute.get_strategy()
-        workers = strategy._num_workers if _is_parameter_server(strategy) else 1  # noqa: SLF001
-        per_worker = _is_parameter_server(strategy)
+        workers = strategy._num_workers if is_parameter_server(strategy) else 1  # noqa: SLF001
+        per_worker = is_parameter_server(strategy)
         base_name = master.name.split(":")[0]
         _state.creating_buffers = True
         try:
-            self.cache = _variable(tf.zeros(master.shape, master.dtype), f"{base_name}/pull_cache",
-                                   per_worker)
-            self.synced = _variable(tf.constant(False), f"{base_name}/pull_synced", per_worker)
+            self.cache = local_variable(tf.zeros(master.shape, master.dtype),
+                                        f"{base_name}/pull_cache", per_worker)
+            self.synced = local_variable(tf.constant(False), f"{base_name}/pull_synced",
+                                         per_worker)
             with _colocated_with(strategy, master):
-                self.snapshots = _variable(
+                self.snapshots = local_variable(
                     tf.zeros([workers] + master.shape.as_list(), master.dtype),
                     f"{base_name}/pull_snapshots", per_worker=False,
                 )
@@ -252,7 +279,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
                 snapshots.scatter_update(tf.IndexedSlices(value[None], rows))
             gen_resource_variable_ops.assign_variable_op(cache, value)
             gen_resource_variable_ops.assign_variable_op(synced, True)
-            self._count_bytes(_dense_bytes(master))
+            self._count_bytes(dense_nbytes(master))
             return tf.constant(0)
 
         is_synced = gen_resource_variable_ops.read_variable_op(synced, tf.bool)
@@ -349,15 +376,9 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         return self._master.__array__(dtype)
 
 
-def _variable(initial_value, name, per_worker):
-    if per_worker:
-        return tf.Variable(initial_value, trainable=False, name=name, per_worker_variable=True)
-    return tf.Variable(initial_value, trainable=False, name=name)
-
-
 @contextlib.contextmanager
 def _colocated_with(strategy, variable):
-    if _is_parameter_server(strategy):
+    if is_parameter_server(strategy):
         with strategy.extended.colocate_vars_with(variable):
             yield
     else:
@@ -365,13 +386,9 @@ def _colocated_with(strategy, variable):
 
 
 def _worker_index():
-    if _is_parameter_server(tf.distribute.get_strategy()):
+    if is_parameter_server(tf.distribute.get_strategy()):
         return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
     return tf.constant(0, tf.int32)
-
-
-def _dense_bytes(variable):
-    return variable.shape.num_elements() * variable.dtype.size
 
 
 tensor_conversion_registry.register_tensor_conversion_function(
