@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -27,5 +28,22 @@ def run_python(tmp_path):
                               timeout=timeout, env=env)
         assert done.returncode == 0, done.stderr[-4000:]
         return done.stdout
+
+    return run
+
+
+REPORT_PREFIX = "REPORT "
+
+
+@pytest.fixture
+def run_report(run_python):
+    """Runs a script in a fresh process and returns the JSON object of its last
+    `REPORT {...}` line (the protocol of the cluster tests' coordinator scripts)."""
+
+    def run(source, timeout, args=()):
+        stdout = run_python(source, timeout, args)
+        lines = [line for line in stdout.splitlines() if line.startswith(REPORT_PREFIX)]
+        assert lines, f"the script printed no {REPORT_PREFIX!r} line:\n{stdout[-4000:]}"
+        return json.loads(lines[-1][len(REPORT_PREFIX):])
 
     return run

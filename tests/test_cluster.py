@@ -529,3 +529,23 @@ def test_cli_mwms_runs_the_script_as_every_worker(tmp_path, capfd):
     assert len(pids) == 2 and wait_gone(pids, timeout_s=5) == []
     with pytest.raises(SystemExit):
         cluster.main(["--workers", "2", "--mwms", "--ps", "1", str(script)])
+
+
+def test_ss_reads_until_two_listings_agree(monkeypatch):
+    # The kernel's socket dump is not atomic: one listing may miss a socket or show one
+    # twice. A socket missing from a "before" reading would add its whole history to a
+    # difference of two readings, so listings are repeated until two agree.
+    first = "0 0 127.0.0.1:5 127.0.0.1:6 users:((\"python\",pid=11,fd=4))\n\t bytes_acked:10\n"
+    second = first + "0 0 127.0.0.1:7 127.0.0.1:8 users:((\"python\",pid=11,fd=5))\n\t bytes_acked:99\n"
+    duplicated = second + second
+    outputs = iter([first, second, duplicated])
+    calls = []
+
+    def run_ss(args):
+        calls.append(args)
+        return next(outputs)
+
+    monkeypatch.setattr(cluster, "_run_ss", run_ss)
+    sockets = cluster._ss_sockets(["-i", "state", "established"])
+    assert len(calls) == 3  # first != second; second and the duplicated one agree
+    assert sorted((s["local"][1], s["bytes_acked"]) for s in sockets) == [(5, 10), (7, 99)]

@@ -1,6 +1,8 @@
 """Compressed pushes on a real parameter-server cluster: model.fit under
-ParameterServerStrategy, bytes counted per socket."""
-import json
+ParameterServerStrategy, bytes counted per socket.
+
+Each run has a coordinator process of its own (one cluster per process; see
+test_ps_pulls)."""
 import textwrap
 
 import pytest
@@ -19,42 +21,39 @@ COORDINATOR = textwrap.dedent(
     data = load_digits()
     x = (data.images / 16.0).reshape(-1, 64).astype("float32")
     y = data.target
-    results = {}
-    for name in ("none", "threelc"):
-        with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
-            strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
-            with strategy.scope():
-                tf_keras.utils.set_random_seed(0)
-                model = tf_keras.Sequential([
-                    tf_keras.layers.Dense(256, activation="relu", input_shape=(64,)),
-                    tf_keras.layers.Dense(10)])
-                opt = tf_keras.optimizers.SGD(0.1)
-                if name == "threelc":
-                    opt = tfgc.DistributedOptimizer(opt, compression=tfgc.codecs.ThreeLC(1.0))
-                    opt.build(model.trainable_variables)
-                model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0).repeat().batch(32)
-            before = c.traffic_between("worker", "ps")
-            history = model.fit(dataset, epochs=3, steps_per_epoch=15, verbose=0)
-            results[name] = {
-                "loss": history.history["loss"],
-                "worker_to_ps": c.traffic_between("worker", "ps") - before,
-                "ps_to_worker": c.traffic_between("ps", "worker"),
-                "iterations": int(opt.iterations.numpy()),
-                "counted": int(opt.traffic["push_bytes"].numpy()) if name == "threelc" else None,
-            }
-    print("RESULTS " + json.dumps(results))
+    name = sys.argv[1]
+    with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        with strategy.scope():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential([
+                tf_keras.layers.Dense(256, activation="relu", input_shape=(64,)),
+                tf_keras.layers.Dense(10)])
+            opt = tf_keras.optimizers.SGD(0.1)
+            if name == "threelc":
+                opt = tfgc.DistributedOptimizer(opt, compression=tfgc.codecs.ThreeLC(1.0))
+                opt.build(model.trainable_variables)
+            model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0).repeat().batch(32)
+        before = c.traffic_between("worker", "ps")
+        history = model.fit(dataset, epochs=3, steps_per_epoch=15, verbose=0)
+        result = {
+            "loss": history.history["loss"],
+            "worker_to_ps": c.traffic_between("worker", "ps") - before,
+            "ps_to_worker": c.traffic_between("ps", "worker"),
+            "iterations": int(opt.iterations.numpy()),
+            "counted": int(opt.traffic["push_bytes"].numpy()) if name == "threelc" else None,
+        }
+    print("REPORT " + json.dumps(result))
     """
 )
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_parameter_servers_receive_only_compressed_gradients(run_python):
-    stdout = run_python(COORDINATOR, timeout=600)
-    line = next(l for l in stdout.splitlines() if l.startswith("RESULTS "))
-    results = json.loads(line[len("RESULTS "):])
-    plain, compressed = results["none"], results["threelc"]
+def test_parameter_servers_receive_only_compressed_gradients(run_report):
+    plain, compressed = (run_report(COORDINATOR, timeout=400, args=[name])
+                         for name in ("none", "threelc"))
     steps = 45
     gradient_bytes = (64 * 256 + 256 + 256 * 10 + 10) * 4
     assert plain["iterations"] == compressed["iterations"] == steps

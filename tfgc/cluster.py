@@ -223,6 +223,35 @@ def _run_ss(args, netns=None):
 
 
 def _ss_sockets(extra_args, netns=None):
+    """Every socket `ss -H -tnp [extra]` lists, read until two listings agree.
+
+    The kernel dumps its socket table in several batches while sockets keep opening and
+    closing, so one listing may miss a socket or list one twice; a socket missing from
+    one reading and present in the next would add its whole history to a difference
+    of two readings. So the table is read until two consecutive listings hold the same
+    sockets (at most `_SS_READS` times), and each socket keeps its largest counters.
+
+    Args and return value: as `_ss_listing`.
+    """
+    merged, previous = {}, None
+    for _ in range(_SS_READS):
+        listing = {(s["local"], s["peer"]): s for s in _ss_listing(extra_args, netns)}
+        for key, s in listing.items():
+            known = merged.get(key)
+            if known is None or s["bytes_acked"] >= known["bytes_acked"]:
+                if known is not None and s["pid"] is None:
+                    s = dict(s, pid=known["pid"])  # ss may miss an owner too
+                merged[key] = s
+        if previous is not None and listing.keys() == previous:
+            break
+        previous = listing.keys()
+    return list(merged.values())
+
+
+_SS_READS = 5
+
+
+def _ss_listing(extra_args, netns=None):
     """Parses `ss -H -tnp [extra] ...` into dicts {local, peer, pid, bytes_acked, ...}.
 
     With -i, ss prints each socket's counters on a continuation line that starts

@@ -13,8 +13,8 @@ Supported: single-process use (encode and decode locally) and all-reduce strateg
 """
 import tensorflow as tf
 
-from tfgc.optimizer import DEFAULT_MIN_ELEMENTS, CompressingBase
-from tfgc.variables import is_parameter_server
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
+from tfgc.optimizer import DEFAULT_SMALL_COMPRESSION, CompressingBase
 
 HOOK = "_all_reduce_sum_gradients"
 _CLASSES = {}
@@ -41,14 +41,16 @@ class _Keras3Mixin(CompressingBase):
     """Keras 3: overrides `build` (codecs, buffers) and the replicas' gradient sum."""
 
     def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True, **kwargs):
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
+                 small_compression=DEFAULT_SMALL_COMPRESSION, **kwargs):
         super().__init__(*args, **kwargs)
         if pull_compression is not None:
             raise NotImplementedError(
                 "pull_compression needs parameter servers, which Keras 3 cannot train "
                 "with; use a tf_keras optimizer"
             )
-        self._init_compression(compression, pull_compression, min_elements, error_feedback)
+        self._init_compression(compression, pull_compression, min_elements, error_feedback,
+                               small_compression)
 
     def get_config(self):
         return self._compression_config(super().get_config())
@@ -68,5 +70,4 @@ class _Keras3Mixin(CompressingBase):
             raise NotImplementedError(
                 "Keras 3 has no ParameterServerStrategy training; use a tf_keras optimizer"
             )
-        wire = self._all_reduce if strategy.num_replicas_in_sync > 1 else self._round_trip
-        return self._send_all(wire, grads_and_vars)
+        return self._send_all(strategy, grads_and_vars, aggregate=True)

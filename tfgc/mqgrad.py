@@ -35,7 +35,8 @@ import tf_keras
 from tfgc import codecs
 from tfgc.codecs import base
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
-from tfgc.variables import dense_nbytes
+from tfgc.distribute import dense_nbytes
+from tfgc.wire.message import fused_nbytes
 
 __all__ = [
     "MQGrad", "MQGradAgent", "TimeModel", "AdaptiveQuantize", "smooth_losses",
@@ -578,22 +579,26 @@ class MQGrad(tf_keras.callbacks.Callback):
     # --- bytes per step (for the time model) ---
 
     def step_bytes(self, bits):
-        """Bytes one step pushes with `bits`: every trainable variable's payload.
+        """Bytes one step pushes with `bits`: every trainable variable's share of the
+        fused message (`tfgc.wire`), as the optimizer counts it.
 
-        Variables the optimizer does not compress count in full; the others count the
-        Quantize payload of their shape (its size does not depend on the values).
+        Variables the optimizer compresses count the Quantize payload of their shape
+        (its size does not depend on the values); the others their small-tensor
+        payload, or their dense bytes without an optimizer.
         """
         if bits not in self._bytes_by_bits:
             total = 0
             for variable in self.model.trainable_variables:
-                compresses = (self._optimizer.compresses(variable) if self._optimizer is not None
-                              else variable.dtype.is_floating)
-                if compresses:
-                    zeros = tf.zeros(variable.shape, variable.dtype)
-                    payload, _ = self.codec._quantize(zeros, tf.constant(bits, tf.int32))
-                    total += int(base.payload_nbytes(payload))
-                else:
+                optimizer = self._optimizer
+                if optimizer is None and not variable.dtype.is_floating:
                     total += dense_nbytes(variable)
+                    continue
+                zeros = tf.zeros(variable.shape, variable.dtype)
+                if optimizer is None or optimizer.compresses(variable):
+                    total += fused_nbytes(lambda x, b: self.codec._quantize(x, b)[0],
+                                          zeros, tf.constant(bits, tf.int32))
+                else:
+                    total += fused_nbytes(optimizer.wire_codec(variable).encode, zeros)
             self._bytes_by_bits[bits] = total
         return self._bytes_by_bits[bits]
 

@@ -1,28 +1,35 @@
 """DistributedOptimizer: compress gradients where they cross the wire (tf_keras optimizers).
 
-Where the wire is depends on the strategy in scope when gradients are applied:
+Where the wire is depends on the strategy in scope when gradients are applied; the
+wire is chosen once per step (see tfgc.wire):
 
 * ParameterServerStrategy: each worker encodes its gradients (with error feedback kept
-  on the worker) and the decode runs under `tf.device(var.device)`, so the parameter
-  server's graph partition receives only the payload and decodes it locally.
+  on the worker) and packs all payloads bound for one parameter server into ONE fused
+  uint8 message; the server's graph partition receives only that message, unpacks it
+  against the layout both sides know and decodes locally.
 * Mirrored / MultiWorkerMirroredStrategy (more than one replica): a `summable` codec's
   floating payload tensors are all-reduced in the compressed domain and decoded once;
   any other codec's payloads are all-gathered (padded to the longest) and every
   replica decodes and sums all of them.
-* No strategy (one replica): gradients are encoded and decoded locally, so the effect of
-  compression on accuracy can be studied on one machine.
+* No strategy (one replica): gradients are encoded, fused, unpacked and decoded
+  locally, so the effect of compression on accuracy can be studied on one machine.
 
-Variables with fewer than `min_elements` elements (biases, batch norm) are sent as
-they are, as 3LC does.
+Variables with fewer than `min_elements` elements (biases, batch norm) are not
+compressed by the main codec: they travel in the fused message encoded by
+`small_compression` (float16 by default; None sends them as they are), and are
+all-reduced as they are under all-reduce strategies.
 """
 import tensorflow as tf
 
 from tfgc import codecs
 from tfgc.codecs import base
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable
 from tfgc.memory import feedback_step
-from tfgc.variables import PulledVariable, dense_nbytes, is_parameter_server, local_variable
+from tfgc.variables import PulledVariable
+from tfgc.wire import choose_wire
 
-DEFAULT_MIN_ELEMENTS = 1024
+#: The codec of gradients below `min_elements`, unless the optimizer is given another.
+DEFAULT_SMALL_COMPRESSION = "float16"
 # Traffic is counted per direction and per variable: bytes on the wire, and the bytes of
 # the dense tensors they replace.
 DIRECTIONS = ("push", "pull")
@@ -34,6 +41,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     pull_compression=None,
     min_elements=DEFAULT_MIN_ELEMENTS,
     error_feedback=True,
+    small_compression=DEFAULT_SMALL_COMPRESSION,
 ):
     """Returns a copy of `optimizer` that compresses the gradients it applies.
 
@@ -50,9 +58,14 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         variables this optimizer builds with that were created by
         `tfgc.get_variable` or under `tfgc.compressed_pulls()` are read on workers
         from caches updated by compressed deltas (see tfgc.variables).
-      min_elements: variables with fewer elements are sent uncompressed.
+      min_elements: variables with fewer elements are not compressed by
+        `compression` (3LC's rule): they go with `small_compression`.
       error_feedback: keep each compressed variable's residual (3LC's error
         accumulation) on the worker that produced it.
+      small_compression: the codec of gradients below `min_elements` on fused wires
+        (parameter servers, one process): "float16" (the default: `Cast("float16")`,
+        which saturates instead of overflowing), a `tfgc.codecs.Codec`, or None to
+        send them as they are. All-reduce strategies sum them as they are.
 
     Raises:
       TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
@@ -71,7 +84,9 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         raise TypeError(
             f"expected a tf_keras or Keras 3 optimizer, got {type(optimizer).__name__}"
         )
-    for what, codec in (("compression", compression), ("pull_compression", pull_compression)):
+    small_compression = _small_codec(small_compression)
+    for what, codec in (("compression", compression), ("pull_compression", pull_compression),
+                        ("small_compression", small_compression)):
         if codec is not None and not isinstance(codec, base.Codec):
             raise TypeError(f"{what} must be a tfgc codec, got {type(codec).__name__}")
     if compression is None:
@@ -80,6 +95,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     config.update(
         compression=compression, pull_compression=pull_compression,
         min_elements=min_elements, error_feedback=error_feedback,
+        small_compression=small_compression,
     )
     return make_class(type(optimizer)).from_config(config)
 
@@ -104,13 +120,15 @@ class CompressingBase:
     `build`, and define `_variable_index`.
     """
 
-    def _init_compression(self, compression, pull_compression, min_elements, error_feedback):
-        if isinstance(compression, dict):
-            compression = codecs.deserialize(compression)
-        if isinstance(pull_compression, dict):
-            pull_compression = codecs.deserialize(pull_compression)
+    def _init_compression(self, compression, pull_compression, min_elements, error_feedback,
+                          small_compression):
+        compression, pull_compression, small_compression = (
+            codecs.deserialize(c) if isinstance(c, dict) else c
+            for c in (compression, pull_compression, _small_codec(small_compression)))
         self.compression = compression
         self.pull_compression = pull_compression
+        self.small_compression = small_compression
+        self._uncompressed = codecs.NoCompression()
         self.min_elements = int(min_elements)
         self.error_feedback = bool(error_feedback)
         self._residuals = {}
@@ -132,6 +150,10 @@ class CompressingBase:
             ),
             min_elements=self.min_elements,
             error_feedback=self.error_feedback,
+            small_compression=(
+                None if self.small_compression is None
+                else codecs.serialize(self.small_compression)
+            ),
         )
         return config
 
@@ -240,80 +262,41 @@ class CompressingBase:
         """The codec bound to `variable` (see `Codec.bind`)."""
         return self._codecs[self._key(variable)]
 
-    def _send_all(self, wire, grads_and_vars):
-        """Sends every gradient over `wire` and counts the bytes; returns the
-        (gradient as received, variable) pairs."""
-        pairs, sent = [], []
-        for gradient, variable in grads_and_vars:
-            if gradient is not None:
-                gradient, payload_bytes = self._send(wire, gradient, variable)
-                sent.append((variable, payload_bytes))
-            pairs.append((gradient, variable))
+    def wire_codec(self, variable):
+        """The codec `variable`'s gradients travel with: its bound codec, or the
+        small-tensor codec below `min_elements`."""
+        if self.compresses(variable):
+            return self.codec_for(variable)
+        return self._uncompressed if self.small_compression is None else self.small_compression
+
+    def wire_payload(self, gradient, variable):
+        """Encodes one gradient for the wire (with error feedback where kept)."""
+        codec = self.wire_codec(variable)
+        if isinstance(gradient, tf.IndexedSlices) and not codec.accepts_indexed_slices:
+            gradient = tf.convert_to_tensor(gradient)
+        residual = self._residuals.get(self._residual_key(variable))
+        if residual is None or not self.compresses(variable):
+            return codec.encode(gradient)
+        return feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
+
+    def _send_all(self, strategy, grads_and_vars, aggregate):
+        """Sends every gradient over the wire `strategy` calls for and counts the bytes;
+        returns the (gradient as received, variable) pairs."""
+        wire = choose_wire(self, strategy, aggregate)
+        pairs, sent = wire.send(grads_and_vars)
         self._record("push", sent)
         return pairs
-
-    def _send(self, wire, gradient, variable):
-        """Sends one gradient over `wire`, compressed if the variable is large enough;
-        returns (the gradient as received, payload bytes)."""
-        if not self.compresses(variable):
-            if wire == self._all_reduce:  # pylint: disable=comparison-with-callable
-                context = tf.distribute.get_replica_context()
-                gradient = context.all_reduce(tf.distribute.ReduceOp.SUM, gradient)
-            return gradient, dense_nbytes(variable)
-        return wire(gradient, variable)
-
-    # --- the three wires: each returns (received gradient, payload bytes) ---------------
-
-    def _encode(self, gradient, variable):
-        if isinstance(gradient, tf.IndexedSlices) and not isinstance(
-            self.compression, codecs.FastSGD
-        ):
-            gradient = tf.convert_to_tensor(gradient)  # only FastSGD takes slices as they are
-        codec = self.codec_for(variable)
-        residual = self._residuals.get(self._residual_key(variable))
-        if residual is None:
-            payload = codec.encode(gradient)
-        else:
-            payload = feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
-        return payload
-
-    def _push_to_variable_device(self, gradient, variable):
-        payload = self._encode(gradient, variable)
-        with tf.device(variable.device):
-            return self.codec_for(variable).decode(payload), codecs.payload_nbytes(payload)
-
-    def _round_trip(self, gradient, variable):
-        payload = self._encode(gradient, variable)
-        return self.codec_for(variable).decode(payload), codecs.payload_nbytes(payload)
-
-    def _all_reduce(self, gradient, variable):
-        context = tf.distribute.get_replica_context()
-        codec = self.codec_for(variable)
-        if hasattr(codec, "all_reduce"):
-            return codec.all_reduce(tf.convert_to_tensor(gradient), context)
-        payload = self._encode(gradient, variable)
-        payload_bytes = codecs.payload_nbytes(payload)
-        if codec.summable:
-            summed = {
-                k: context.all_reduce(tf.distribute.ReduceOp.SUM, t) if t.dtype.is_floating else t
-                for k, t in payload.items()
-            }
-            return codec.decode(summed), payload_bytes
-        gathered = [_all_gather_padded(context, t) for t in payload.values()]
-        total = None
-        for replica in range(context.num_replicas_in_sync):
-            decoded = codec.decode({k: pieces[replica] for k, pieces in zip(payload, gathered)})
-            total = decoded if total is None else total + decoded
-        return total, payload_bytes
 
 
 class _CompressingMixin(CompressingBase):
     """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire)."""
 
     def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True, **kwargs):
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
+                 small_compression=DEFAULT_SMALL_COMPRESSION, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_compression(compression, pull_compression, min_elements, error_feedback)
+        self._init_compression(compression, pull_compression, min_elements, error_feedback,
+                               small_compression)
 
     def get_config(self):
         return self._compression_config(super().get_config())
@@ -337,16 +320,23 @@ class _CompressingMixin(CompressingBase):
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
         )
-        if is_parameter_server(strategy):
-            send, aggregate = self._push_to_variable_device, False
-        elif strategy.num_replicas_in_sync > 1 and aggregate:
-            send, aggregate = self._all_reduce, False
-        else:
-            send = self._round_trip
-        pairs = self._send_all(send, grads_and_vars)
+        pairs = self._send_all(strategy, grads_and_vars, aggregate)
+        # Every wire delivers gradients ready to apply: aggregated across replicas
+        # where that was asked for, or one worker's own under parameter servers.
         return super().apply_gradients(
-            pairs, name=name, skip_gradients_aggregation=not aggregate, **kwargs
+            pairs, name=name, skip_gradients_aggregation=True, **kwargs
         )
+
+
+def _small_codec(spec):
+    """The small-tensor codec named by `spec` ("float16", a codec, its config, None)."""
+    if isinstance(spec, str):
+        if spec != DEFAULT_SMALL_COMPRESSION:
+            raise ValueError(
+                f'small_compression is "{DEFAULT_SMALL_COMPRESSION}", a tfgc codec or None; '
+                f"got {spec!r}")
+        return codecs.Cast("float16")
+    return spec
 
 
 def _residual_variable(variable):
@@ -361,46 +351,3 @@ def _residual_variable(variable):
 def _counter_variable(shape, name):
     """Cumulative int64 byte counters that every replica or worker adds to."""
     return local_variable(tf.zeros(shape, tf.int64), name, per_worker=False)
-
-
-# dtypes TensorFlow's all-gather takes; others travel as their bytes packed in int32.
-_GATHERABLE = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
-
-
-def _all_gather_padded(context, tensor):
-    """Every replica's `tensor`, whose length may differ by replica, as a list."""
-    # Nothing gathered may be empty: TF 2.21's collective all-gather of a tensor with
-    # no elements crashes the process (ring, CPU). Rows get at least one word, and
-    # the shapes of scalars (known statically) are not gathered.
-    words = _to_words(tensor)
-    size = tf.size(words)
-    sizes = context.all_gather(tf.reshape(size, [1]), axis=0)
-    longest = tf.maximum(tf.reduce_max(sizes), 1)
-    padded = tf.pad(words, [[0, longest - size]])
-    if tensor.shape.rank == 0:
-        shapes = [tf.zeros([0], tf.int32)] * context.num_replicas_in_sync
-    else:
-        shapes = context.all_gather(tf.shape(tensor)[None], axis=0)
-    rows = tf.reshape(context.all_gather(padded, axis=0), [-1, longest])
-    return [
-        _from_words(rows[r, : sizes[r]], tensor.dtype, shapes[r])
-        for r in range(context.num_replicas_in_sync)
-    ]
-
-
-def _to_words(tensor):
-    flat = tf.reshape(tensor, [-1])
-    if tensor.dtype in _GATHERABLE:
-        return flat
-    data = tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
-    data = tf.pad(data, [[0, -tf.size(data) % 4]])
-    return tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
-
-
-def _from_words(words, dtype, shape):
-    if dtype in _GATHERABLE:
-        return tf.reshape(words, shape)
-    data = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[: tf.reduce_prod(shape) * dtype.size]
-    if dtype.size > 1:
-        data = tf.reshape(data, [-1, dtype.size])
-    return tf.reshape(tf.bitcast(data, dtype), shape)

@@ -37,8 +37,9 @@ from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_o
 from tensorflow.python.trackable import base as trackable
 
 from tfgc.codecs import base
+from tfgc.distribute import (
+    DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, worker_index)
 
-DEFAULT_MIN_ELEMENTS = 1024
 _state = threading.local()  # set while this module creates its own buffers
 
 
@@ -106,36 +107,6 @@ def _maybe_pulled(master, min_elements):
     if tf.distribute.has_strategy() and not is_parameter_server(strategy):
         return master  # all-reduce strategies: every replica holds the model, no pulls
     return PulledVariable(master)
-
-
-def is_parameter_server(strategy):
-    """True for ParameterServerStrategy (variables on servers, asynchronous workers)."""
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-
-
-def dense_nbytes(variable):
-    """Bytes of `variable` as a dense tensor: what sending it uncompressed costs."""
-    return variable.shape.num_elements() * variable.dtype.size
-
-
-def local_variable(initial_value, name, per_worker):
-    """A variable each replica updates on its own copy of; reading it sums the copies.
-
-    Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
-    variable on a parameter server that every worker adds to. The strategy's variable
-    creator is active here (as for an optimizer's slots).
-    """
-    strategy = tf.distribute.get_strategy()
-    if is_parameter_server(strategy):
-        return tf.Variable(initial_value, trainable=False, name=name,
-                           per_worker_variable=per_worker)
-    if strategy.num_replicas_in_sync > 1:
-        return tf.Variable(
-            initial_value, trainable=False, name=name,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
-        )
-    return tf.Variable(initial_value, trainable=False, name=name)
 
 
 class PulledVariable(resource_variable_ops.BaseResourceVariable):
@@ -257,7 +228,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         """
         codec, master, snapshots = self._codec, self._master, self.snapshots
         synced = self.synced.handle
-        worker = _worker_index()
+        worker = worker_index()
         rows = tf.reshape(worker, [1])
         # Encoding and decoding stay outside the cond: functions nested in a cond branch
         # are not shipped to parameter-server workers. Only the payload crosses.
@@ -383,12 +354,6 @@ def _colocated_with(strategy, variable):
             yield
     else:
         yield
-
-
-def _worker_index():
-    if is_parameter_server(tf.distribute.get_strategy()):
-        return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
-    return tf.constant(0, tf.int32)
 
 
 tensor_conversion_registry.register_tensor_conversion_function(

@@ -32,6 +32,15 @@ class Codec(abc.ABC):
     #: `DistributedOptimizer` then keeps no residual for them.
     supports_error_feedback = True
 
+    #: True when `encode` takes `tf.IndexedSlices` as they are (sparse gradients);
+    #: other codecs get them as dense tensors.
+    accepts_indexed_slices = False
+
+    #: True for a bound codec that aggregates across replicas itself:
+    #: `all_reduce(gradient, replica_context) -> (summed_gradient, payload_nbytes)`
+    #: then replaces the optimizer's generic all-reduce (no error feedback).
+    owns_all_reduce = False
+
     @property
     def name(self):
         return type(self).__name__
@@ -54,10 +63,8 @@ class Codec(abc.ABC):
 
         `DistributedOptimizer.build` calls it once per compressed variable, inside the
         strategy's scope, so a codec that keeps per-variable state (tf.Variables, such as
-        GradiVeQ's compressors) creates it here. A bound codec may also define
-        `all_reduce(gradient, replica_context) -> (summed_gradient, payload_nbytes)`,
-        which the optimizer then calls under all-reduce strategies instead of its
-        generic path (no error feedback: the codec owns the whole aggregation).
+        GradiVeQ's compressors) creates it here. A bound codec with `owns_all_reduce`
+        defines `all_reduce`, which the optimizer then calls under all-reduce strategies.
         """
         del variable
         return self

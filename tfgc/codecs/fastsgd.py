@@ -35,6 +35,8 @@ class FastSGD(base.Codec):
     or "dense_shape" (IndexedSlices), int32}.
     """
 
+    accepts_indexed_slices = True
+
     def __init__(self, base=1.1, threshold=MAX_THRESHOLD, flag_bits=2):
         base, threshold, flag_bits = float(base), int(threshold), int(flag_bits)
         if not base > 1.0:

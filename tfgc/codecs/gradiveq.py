@@ -57,6 +57,7 @@ import tensorflow as tf
 
 from tfgc.codecs import base, identity
 from tfgc.codecs.stochastic import QSGD
+from tfgc.distribute import is_parameter_server
 
 WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
 # Python control flow here only ever tests Python values; converting it with autograph
@@ -196,6 +197,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
 
     summable = True
     supports_error_feedback = False
+    owns_all_reduce = True
 
     def __init__(self, settings, kernel_shape, name="gradiveq"):
         tf.Module.__init__(self, name=name)
@@ -235,8 +237,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
             # worker keeps a copy of U and mu that it refreshes once per PCA refresh,
             # so a compressed push does not first pull K x d_max floats.
             self._worker_copy = None
-            if isinstance(tf.distribute.get_strategy(),
-                          tf.distribute.experimental.ParameterServerStrategy):
+            if is_parameter_server(tf.distribute.get_strategy()):
                 self._worker_copy = {
                     "basis": tf.Variable(tf.zeros([g, k, self.max_dim]), trainable=False,
                                          name="worker_basis", per_worker_variable=True),
@@ -580,9 +581,7 @@ def _state(initial_value, name):
     stay equal without communication; checkpoints keep the first replica's copy.
     """
     strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1 and not isinstance(
-        strategy, tf.distribute.experimental.ParameterServerStrategy
-    ):
+    if strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
         return tf.Variable(
             initial_value, trainable=False, name=name,
             synchronization=tf.VariableSynchronization.ON_READ,

@@ -1,0 +1,94 @@
+"""The one home of what tfgc knows about distribution strategies.
+
+Everything above the codecs (wires, optimizers, pulled variables, callbacks) asks here
+whether the strategy has parameter servers, makes its per-replica or per-worker
+variables here, and gathers tensors of unequal length across replicas with the word
+packing here. It imports nothing else of tfgc, so any module may import it.
+"""
+import tensorflow as tf
+
+#: Variables with fewer elements are not compressed by the main codec (3LC sends them
+#: as they are; tfgc sends them with the small-tensor codec).
+DEFAULT_MIN_ELEMENTS = 1024
+
+
+def is_parameter_server(strategy):
+    """True for ParameterServerStrategy (variables on servers, asynchronous workers)."""
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def dense_nbytes(variable):
+    """Bytes of `variable` as a dense tensor: what sending it uncompressed costs."""
+    return variable.shape.num_elements() * variable.dtype.size
+
+
+def local_variable(initial_value, name, per_worker):
+    """A variable each replica updates on its own copy of; reading it sums the copies.
+
+    Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
+    variable on a parameter server that every worker adds to. The strategy's variable
+    creator is active here (as for an optimizer's slots).
+    """
+    strategy = tf.distribute.get_strategy()
+    if is_parameter_server(strategy):
+        return tf.Variable(initial_value, trainable=False, name=name,
+                           per_worker_variable=per_worker)
+    if strategy.num_replicas_in_sync > 1:
+        return tf.Variable(
+            initial_value, trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+    return tf.Variable(initial_value, trainable=False, name=name)
+
+
+def worker_index():
+    """This worker's index as an int32 scalar under ParameterServerStrategy, else 0."""
+    if is_parameter_server(tf.distribute.get_strategy()):
+        return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
+    return tf.constant(0, tf.int32)
+
+
+# dtypes TensorFlow's all-gather takes; others travel as their bytes packed in int32.
+_GATHERABLE = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def to_words(tensor):
+    """`tensor` flattened into something all-gather takes: itself, or its bytes as int32."""
+    flat = tf.reshape(tensor, [-1])
+    if tensor.dtype in _GATHERABLE:
+        return flat
+    data = tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
+    data = tf.pad(data, [[0, -tf.size(data) % 4]])
+    return tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
+
+
+def from_words(words, dtype, shape):
+    """Inverse of `to_words` for a tensor of `dtype` and `shape`."""
+    if dtype in _GATHERABLE:
+        return tf.reshape(words, shape)
+    data = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[: tf.reduce_prod(shape) * dtype.size]
+    if dtype.size > 1:
+        data = tf.reshape(data, [-1, dtype.size])
+    return tf.reshape(tf.bitcast(data, dtype), shape)
+
+
+def all_gather_padded(context, tensor):
+    """Every replica's `tensor`, whose length may differ by replica, as a list."""
+    # Nothing gathered may be empty: TF 2.21's collective all-gather of a tensor with
+    # no elements crashes the process (ring, CPU). Rows get at least one word, and
+    # the shapes of scalars (known statically) are not gathered.
+    words = to_words(tensor)
+    size = tf.size(words)
+    sizes = context.all_gather(tf.reshape(size, [1]), axis=0)
+    longest = tf.maximum(tf.reduce_max(sizes), 1)
+    padded = tf.pad(words, [[0, longest - size]])
+    if tensor.shape.rank == 0:
+        shapes = [tf.zeros([0], tf.int32)] * context.num_replicas_in_sync
+    else:
+        shapes = context.all_gather(tf.shape(tensor)[None], axis=0)
+    rows = tf.reshape(context.all_gather(padded, axis=0), [-1, longest])
+    return [
+        from_words(rows[r, : sizes[r]], tensor.dtype, shapes[r])
+        for r in range(context.num_replicas_in_sync)
+    ]

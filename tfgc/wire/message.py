@@ -1,0 +1,209 @@
+"""One fused message for many payloads: what crosses the wire once per receiver and step.
+
+Sending each payload tensor on its own costs a gRPC frame and a transfer per tensor,
+which on models with many variables weighs more than the payloads themselves. A
+`Layout` packs the payloads bound for one receiver into ONE uint8 tensor and unpacks it
+on the other side.
+
+Both sides know the layout: it is made from the payloads' structure (keys, dtypes,
+static shapes) while the step is traced, and the receiving side's graph is part of the
+same trace. So the message carries no shapes, no dtypes and no keys:
+
+    message = [lengths of the variable-length entries, int32 little-endian]
+              [the bytes of every sent entry, in layout order]
+
+Entries whose value is known when the step is traced (a static shape, a dtype marker)
+are not sent at all: the receiver's graph holds the same constant (run eagerly, only
+empty entries are left out). Fixed-shape entries
+(a scale) need no length. A message whose size disagrees with the layout and its
+lengths fails with InvalidArgument on the receiver before any entry is read, and the
+receiver allocates nothing beyond the message it holds.
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+_LENGTH_BYTES = 4  # one int32 per variable-length entry
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One payload tensor's place in a message.
+
+    Attributes:
+      payload: index of the payload the tensor belongs to.
+      key: its key in that payload.
+      dtype: its dtype.
+      shape: its static shape; None for a rank-1 tensor of run-time length.
+      constant: its value when known at trace time (then it is not sent).
+    """
+
+    payload: int
+    key: str
+    dtype: tf.DType
+    shape: tuple = None
+    constant: np.ndarray = None
+
+    @property
+    def sent(self):
+        return self.constant is None
+
+    @property
+    def fixed_nbytes(self):
+        """Bytes of a fixed-shape sent entry."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size
+
+
+def _entry(payload_index, key, tensor):
+    tensor = tf.convert_to_tensor(tensor)
+    # Eagerly every value is known; only what a traced graph knows is left out.
+    constant = None if tf.executing_eagerly() else tf.get_static_value(tensor)
+    if tensor.shape.num_elements() == 0:
+        constant = np.zeros(tensor.shape, tensor.dtype.as_numpy_dtype)
+    if constant is not None:
+        return Entry(payload_index, key, tensor.dtype, tuple(constant.shape), np.asarray(constant))
+    if tensor.shape.is_fully_defined():
+        return Entry(payload_index, key, tensor.dtype, tuple(tensor.shape.as_list()))
+    if tensor.shape.rank != 1:
+        raise ValueError(
+            f"a fused message carries fixed-shape or rank-1 tensors; payload entry {key!r} "
+            f"has shape {tensor.shape}"
+        )
+    return Entry(payload_index, key, tensor.dtype)
+
+
+def _to_bytes(tensor):
+    flat = tf.reshape(tensor, [-1])
+    if tensor.dtype == tf.bool:
+        return tf.cast(flat, tf.uint8)
+    if tensor.dtype == tf.uint8:
+        return flat
+    return tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
+
+
+def _from_bytes(data, dtype):
+    if dtype == tf.bool:
+        return data > 0
+    if dtype == tf.uint8:
+        return data
+    if dtype.size == 1:
+        return tf.bitcast(data, dtype)
+    return tf.bitcast(tf.reshape(data, [-1, dtype.size]), dtype)
+
+
+class Layout:
+    """The agreed structure of a fused message: its payloads' entries, in order.
+
+    Make one with `Layout.pack(payloads)` on the sending side; `unpack` on the
+    receiving side (under the receiver's `tf.device`) returns the payloads.
+    """
+
+    def __init__(self, entries, num_payloads):
+        self.entries = tuple(entries)
+        self.num_payloads = int(num_payloads)
+        self._variable = [e for e in self.entries if e.sent and e.shape is None]
+        self.header_nbytes = _LENGTH_BYTES * len(self._variable)
+        self.fixed_nbytes = sum(e.fixed_nbytes for e in self.entries if e.sent and e.shape is not None)
+
+    @classmethod
+    def pack(cls, payloads):
+        """Returns (layout, message) for a list of payloads (flat dicts of tensors).
+
+        The message is one 1-D uint8 tensor; entries are in payload order, each
+        payload's keys sorted.
+        """
+        entries, sent = [], []
+        for index, payload in enumerate(payloads):
+            for key in sorted(payload):
+                entry = _entry(index, key, payload[key])
+                entries.append(entry)
+                if entry.sent:
+                    sent.append((entry, tf.convert_to_tensor(payload[key])))
+        layout = cls(entries, len(payloads))
+        lengths = [tf.size(t, out_type=tf.int32) for e, t in sent if e.shape is None]
+        parts = [_to_bytes(tf.stack(lengths))] if lengths else []
+        parts += [_to_bytes(t) for _, t in sent]
+        if not parts:
+            return layout, tf.zeros([0], tf.uint8)
+        return layout, tf.concat(parts, axis=0)
+
+    def payload_nbytes(self, payloads):
+        """Bytes of the message that each payload accounts for (its sent entries and
+        their length words), as int64 scalars; they add up to the message's size."""
+        totals = [tf.constant(0, tf.int64) for _ in range(self.num_payloads)]
+        for entry in self.entries:
+            if not entry.sent:
+                continue
+            if entry.shape is None:
+                tensor = payloads[entry.payload][entry.key]
+                size = tf.size(tensor, out_type=tf.int64) * entry.dtype.size + _LENGTH_BYTES
+            else:
+                size = tf.constant(entry.fixed_nbytes, tf.int64)
+            totals[entry.payload] += size
+        return totals
+
+    def unpack(self, message, name="fused message"):
+        """The payloads of `message`, checked against this layout.
+
+        Raises:
+          tf.errors.InvalidArgumentError (when run): the message's size does not match
+            the layout and the lengths it declares, or a length is negative.
+        """
+        message = tf.convert_to_tensor(message, tf.uint8)
+        size = tf.size(message, out_type=tf.int64)
+        enough_for_header = tf.debugging.assert_greater_equal(
+            size, tf.constant(self.header_nbytes + self.fixed_nbytes, tf.int64),
+            message=f"{name}: shorter than its layout")
+        with tf.control_dependencies([enough_for_header]):
+            if self._variable:
+                header = message[: self.header_nbytes]
+                lengths = tf.cast(_from_bytes(header, tf.int32), tf.int64)
+            else:
+                lengths = tf.zeros([0], tf.int64)
+        sizes = tf.constant([e.dtype.size for e in self._variable], tf.int64, shape=[len(self._variable)])
+        declared = self.header_nbytes + self.fixed_nbytes + tf.reduce_sum(lengths * sizes)
+        checks = [
+            tf.debugging.assert_non_negative(lengths, message=f"{name}: a negative length"),
+            tf.debugging.assert_equal(
+                size, declared, message=f"{name}: its size does not match its layout"),
+        ]
+        with tf.control_dependencies(checks):
+            message = tf.identity(message)
+        payloads = [{} for _ in range(self.num_payloads)]
+        offset = tf.constant(self.header_nbytes, tf.int64)
+        variable_index = 0
+        for entry in self.entries:
+            if not entry.sent:
+                value = tf.constant(entry.constant, entry.dtype)
+            else:
+                if entry.shape is None:
+                    count = lengths[variable_index]
+                    variable_index += 1
+                    nbytes = count * entry.dtype.size
+                else:
+                    nbytes = tf.constant(entry.fixed_nbytes, tf.int64)
+                data = tf.slice(message, tf.reshape(offset, [1]), tf.reshape(nbytes, [1]))
+                offset += nbytes
+                value = _from_bytes(data, entry.dtype)
+                if entry.shape is not None:
+                    value = tf.reshape(value, entry.shape)
+            payloads[entry.payload][entry.key] = value
+        return payloads
+
+
+def fused_nbytes(encode, *tensors):
+    """Bytes that the payload `encode(*tensors)` takes in a traced step's fused message
+    (static entries left out, length words counted), as a Python int.
+
+    `tensors` enter as the traced function's arguments, so only what a training step
+    knows statically (shapes, dtypes) is left out, not what their values would fold to.
+    """
+
+    def count(*args):
+        payload = encode(*args)
+        layout, _ = Layout.pack([payload])
+        return layout.payload_nbytes([payload])[0]
+
+    signature = [tf.TensorSpec(t.shape, t.dtype) for t in map(tf.convert_to_tensor, tensors)]
+    return int(tf.function(count, input_signature=signature, autograph=False)(*tensors))
