@@ -76,3 +76,34 @@ def test_residuals_checkpoint_and_restore(tmp_path, rng):
 def test_wraps_only_codecs():
     with pytest.raises(TypeError, match="Codec"):
         tfgc.ErrorFeedback(lambda x: x)
+
+
+OVERFLOWING = [
+    # (codec, dtype, a finite value that overflows inside the codec's wire format)
+    (tfgc.codecs.ThreeLC(1.75), np.float32, 3.0e38),  # M = s * max|x| beyond float32
+    (tfgc.codecs.ThreeLC(1.0), np.float64, 1.0e300),  # float64 beyond float32's range
+    (tfgc.codecs.Int8(), np.float16, 65504.0),
+    (tfgc.codecs.Cast("bfloat16"), np.float16, 65504.0),
+    (tfgc.codecs.OneBit(), np.float32, 3.0e38),
+    (tfgc.codecs.LogQuant(), np.float32, 3.0e38),
+    (tfgc.codecs.QSGD(seed=0), np.float32, 3.0e38),
+]
+
+
+@pytest.mark.parametrize("codec,dtype,huge", OVERFLOWING, ids=lambda v: repr(v)[:24])
+def test_residual_stays_finite_when_a_finite_input_overflows_the_codec(rng, codec, dtype, huge):
+    ef = tfgc.ErrorFeedback(codec)
+    shape = [64]
+    for step in range(20):
+        x = rng.normal(size=shape).astype(dtype)
+        if step % 3 == 1:
+            x[step % 64] = huge * (-1) ** step  # finite, at the edge of the range
+            x[(step + 7) % 64] = -huge
+        before = ef.residuals["w"].numpy().copy() if "w" in ef.residuals else np.zeros(shape)
+        sent = ef.encode_and_reconstruct(tf.constant(x), key="w")[1].numpy()
+        residual = ef.residuals["w"].numpy()
+        assert np.isfinite(residual).all(), (step, codec)
+        if not np.isfinite(sent).all():
+            np.testing.assert_array_equal(residual, before)
+    # Each step either conserved (sent + residual == input + old residual) or, where
+    # the decoding overflowed, kept the old residual: both hold a finite residual.

@@ -120,6 +120,17 @@ def test_schedule_payloads_and_samples(rng):
     assert sizes[5] == 4 * layer.num_slices * d + 4
 
 
+@pytest.mark.parametrize("phase", [7, -1, 2**31 - 1])
+def test_payload_with_a_phase_out_of_range_is_refused_and_the_schedule_stays(rng, phase):
+    layer = bound(warmup_steps=2, sampling_steps=3, compressed_steps=2)
+    [g] = low_rank(rng, 1)
+    payload = dict(layer.encode(g), phase=tf.constant(phase, tf.int32))
+    step = int(layer.step.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="phase"):
+        layer.decode(payload)
+    assert int(layer.step.numpy()) == step
+
+
 def test_tf_function_runs_every_phase_in_one_trace(rng):
     layer = bound(warmup_steps=1, sampling_steps=5, compressed_steps=2, sampling_bits=None)
     traces = []

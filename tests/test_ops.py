@@ -221,3 +221,39 @@ def test_pack_keys_roundtrip_property(gaps, first, flag_bits):
     packed = tfgc_ops.pack_keys(keys, flag_bits=flag_bits).numpy()
     np.testing.assert_array_equal(packed, reference.pack_keys(keys, flag_bits))
     np.testing.assert_array_equal(tfgc_ops.unpack_keys(packed).numpy(), keys)
+
+
+@pytest.mark.parametrize("op", ["zero_run_encode", "zero_run_decode", "unpack_keys"])
+@pytest.mark.parametrize("bad", [np.array([300, 5], np.int32), [-1, 5], np.array([1.5]),
+                                 tf.constant([3, 5], tf.int32)])
+def test_ops_refuse_what_is_not_bytes(op, bad):
+    # A silent conversion would wrap 300 to 44 and -1 to 255.
+    with pytest.raises(ValueError, match="bytes|uint8"):
+        getattr(tfgc_ops, op)(bad)
+
+
+def test_ops_take_byte_valued_integers_and_empty_lists():
+    assert tfgc_ops.zero_run_decode(np.array([121, 5], np.int64)).numpy().tolist() == [121, 5]
+    assert tfgc_ops.zero_run_decode([]).numpy().tolist() == []
+
+
+@pytest.mark.parametrize("flag_bits", [2.7, True, "2", 0, 6])
+def test_pack_keys_refuses_flag_bits_that_are_not_integers_in_range(flag_bits):
+    with pytest.raises(ValueError, match="flag_bits"):
+        tfgc_ops.pack_keys(tf.constant([1, 2, 3]), flag_bits=flag_bits)
+
+
+def test_pack_keys_takes_an_integral_float_flag():
+    keys = tf.constant([1, 5, 9], tf.int64)
+    assert tfgc_ops.unpack_keys(tfgc_ops.pack_keys(keys, flag_bits=2.0)).numpy().tolist() == [1, 5, 9]
+
+
+def test_unpack_keys_refuses_counts_the_stream_cannot_hold_before_allocating():
+    # Header: flag bits 1, delta bit length 0 (no code can carry a delta >= 1, so at
+    # most one key is valid), a count of 64 in LEB128, then 8 bytes of stream. The
+    # stream's 64 bits would "hold" 64 one-bit entries; only one can be valid.
+    packed = np.array([1, 0, 64] + [0] * 8, np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="header claims 64 keys"):
+        tfgc_ops.unpack_keys(packed)
+    # One key with a 0-bit delta (key 0) is a real packing and still unpacks.
+    assert tfgc_ops.unpack_keys(tfgc_ops.pack_keys(tf.constant([0], tf.int64))).numpy().tolist() == [0]

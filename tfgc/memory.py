@@ -5,9 +5,15 @@ Each tensor stream (a key, usually a variable's name) owns a residual buffer r:
     payload = encode(total)   (2) compress the sum
     sent = decode(payload)    (a) what the receiver will see
     r = total - sent          (b) keep what was not sent for the next step
-so over any number of steps, sum(sent) + r == sum(x). When `total` holds NaN or Inf the
-payload still carries the failure (see tfgc.codecs.base) but r is left as it was, so one
-bad step never poisons later ones.
+so over any number of steps, sum(sent) + r == sum(x).
+
+Non-finite policy: the residual stays finite whatever the input. When `total - sent`
+is not finite, because the gradient held NaN or Inf, or because a finite input
+overflowed inside the codec (ThreeLC's M = s * max|x| beyond the dtype's range, a
+float16 wire format) and decoded non-finite, the step is handled like a non-finite
+gradient: the payload still carries the failure (see tfgc.codecs.base), so a
+downstream check sees it, and r is left as it was, so one bad step never poisons
+later ones.
 """
 import tensorflow as tf
 
@@ -76,5 +82,8 @@ def feedback_step(codec, x, residual):
     """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent)."""
     total = x + residual
     payload, sent = codec.encode_and_reconstruct(total)
-    residual.assign(tf.where(base.all_finite(total), total - sent, residual))
+    # One check covers a non-finite input, a non-finite decoding and their difference
+    # overflowing (inf - x and NaN - x are not finite).
+    unsent = total - sent
+    residual.assign(tf.where(base.all_finite(unsent), unsent, residual))
     return payload, sent

@@ -9,6 +9,7 @@ import glob
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = ["zero_run_encode", "zero_run_decode", "pack_keys", "unpack_keys", "library_path"]
@@ -68,6 +69,36 @@ def _load():
 library_path, _ops = _load()
 
 
+def _as_bytes(data, what):
+    """`data` as a uint8 tensor, refusing anything that is not already bytes.
+
+    A tensor must be uint8; an array or list must hold integers in 0..255 (a silent
+    conversion would wrap 300 to 44 and -1 to 255).
+    """
+    if isinstance(data, (tf.Tensor, tf.Variable)):
+        if data.dtype != tf.uint8:
+            raise ValueError(f"{what} takes a uint8 tensor, got {data.dtype.name}")
+        return tf.convert_to_tensor(data)
+    array = np.asarray(data)
+    if array.dtype == np.uint8:
+        return tf.convert_to_tensor(array)
+    if array.size == 0 and array.dtype == np.float64:  # an empty list
+        return tf.zeros(array.shape, tf.uint8)
+    if array.dtype.kind not in "iu" or (array.size and (array.min() < 0 or array.max() > 255)):
+        raise ValueError(f"{what} takes bytes (integers in 0..255), got {array.dtype.name} "
+                         f"values" + (f" in {array.min()}..{array.max()}" if array.size else ""))
+    return tf.convert_to_tensor(array.astype(np.uint8))
+
+
+def _flag_bits(flag_bits):
+    """`flag_bits` as an int in 1..5; a fraction or a bool is refused, not truncated."""
+    if isinstance(flag_bits, bool) or not isinstance(flag_bits, (int, float, np.integer, np.floating)):
+        raise ValueError(f"flag_bits must be an integer in [1, 5], got {flag_bits!r}")
+    if flag_bits != int(flag_bits) or not MIN_FLAG_BITS <= int(flag_bits) <= MAX_FLAG_BITS:
+        raise ValueError(f"flag_bits must be an integer in [1, 5], got {flag_bits!r}")
+    return int(flag_bits)
+
+
 def zero_run_encode(quartic):
     """Zero-run encodes quartic bytes (3LC section 3.3).
 
@@ -79,9 +110,10 @@ def zero_run_encode(quartic):
       243 + (k - 2); longer runs are split greedily into 14s.
 
     Raises:
+      ValueError: the input is not bytes (a tensor of another dtype, values beyond 0..255).
       tf.errors.InvalidArgumentError: a byte is above 242 or the input is not 1-D.
     """
-    return _ops.tfgc_zero_run_encode(tf.convert_to_tensor(quartic, dtype=tf.uint8))
+    return _ops.tfgc_zero_run_encode(_as_bytes(quartic, "zero_run_encode"))
 
 
 def zero_run_decode(encoded):
@@ -92,8 +124,11 @@ def zero_run_decode(encoded):
 
     Returns:
       1-D uint8 tensor of quartic bytes.
+
+    Raises:
+      ValueError: the input is not bytes (a tensor of another dtype, values beyond 0..255).
     """
-    return _ops.tfgc_zero_run_decode(tf.convert_to_tensor(encoded, dtype=tf.uint8))
+    return _ops.tfgc_zero_run_decode(_as_bytes(encoded, "zero_run_decode"))
 
 
 def pack_keys(keys, flag_bits=2):
@@ -108,15 +143,14 @@ def pack_keys(keys, flag_bits=2):
       bit stream of (flag, delta) entries, most significant bit first.
 
     Raises:
-      ValueError: flag_bits is out of range.
+      ValueError: flag_bits is not an integer in 1..5.
       tf.errors.InvalidArgumentError: keys are negative, not strictly increasing, or not 1-D.
     """
-    if not MIN_FLAG_BITS <= int(flag_bits) <= MAX_FLAG_BITS:
-        raise ValueError(f"flag_bits must be in [1, 5], got {flag_bits}")
+    flag_bits = _flag_bits(flag_bits)
     keys = tf.convert_to_tensor(keys)
     if keys.dtype not in (tf.int32, tf.int64):
         raise TypeError(f"keys must be int32 or int64, got {keys.dtype.name}")
-    return _ops.tfgc_pack_keys(keys, flag_bits=int(flag_bits))
+    return _ops.tfgc_pack_keys(keys, flag_bits=flag_bits)
 
 
 def unpack_keys(packed):
@@ -129,6 +163,7 @@ def unpack_keys(packed):
       1-D int64 tensor of keys.
 
     Raises:
+      ValueError: the input is not bytes.
       tf.errors.InvalidArgumentError: the bytes are not a well-formed packing.
     """
-    return _ops.tfgc_unpack_keys(tf.convert_to_tensor(packed, dtype=tf.uint8))
+    return _ops.tfgc_unpack_keys(_as_bytes(packed, "unpack_keys"))

@@ -373,7 +373,15 @@ class GradiVeQLayer(tf.Module, base.Codec):
             coefficients = tf.reshape(payload["coefficients"], [self.num_slices, -1])
             return tf.reshape(self.decompress(coefficients), [-1])
 
-        flat = tf.switch_case(payload["phase"], [warm, sample, compressed])
+        # switch_case runs its last branch for any index out of range: a payload whose
+        # phase is not one of the three is malformed, not "compressed".
+        phase = tf.convert_to_tensor(payload["phase"])
+        valid = tf.debugging.assert_equal(
+            tf.logical_and(phase >= WARMUP, phase <= COMPRESSED), True,
+            message=f"{self.name} payload: phase is not 0, 1 or 2")
+        with tf.control_dependencies([valid]):
+            phase = tf.identity(phase)
+        flat = tf.switch_case(phase, [warm, sample, compressed])
         return tf.cast(tf.reshape(flat, self.kernel_shape), dtype)
 
     # --- the all-reduce face (Mirrored / MultiWorkerMirroredStrategy) ---------------------

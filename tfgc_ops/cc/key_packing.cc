@@ -197,10 +197,23 @@ bool ParseHeader(const uint8_t* packed, int64_t size, int* flag_bits, int* max_b
   }
   *count = static_cast<int64_t>(value);
   *header_size = i;
-  // Every entry takes at least flag_bits bits: refuse counts the stream cannot hold
-  // before anyone allocates for them.
+  // Refuse counts the stream cannot hold before anyone allocates for them. The first
+  // entry takes at least flag_bits bits; every later one carries a delta >= 1, so it
+  // also takes the shortest non-zero code length. With no such code (a delta bit
+  // length of 0) at most one key can be valid.
+  const CodeBook book(*max_bits, *flag_bits);
+  int shortest = 0;
+  for (int c = 0; c < (1 << *flag_bits); ++c) {
+    if (book.length[c] > 0 && (shortest == 0 || book.length[c] < shortest)) {
+      shortest = book.length[c];
+    }
+  }
   const int64_t stream_bits = 8 * (size - i);
-  if (*count > stream_bits / *flag_bits) {
+  int64_t capacity = stream_bits >= *flag_bits ? 1 : 0;
+  if (capacity == 1 && shortest > 0) {
+    capacity += (stream_bits - *flag_bits) / (*flag_bits + shortest);
+  }
+  if (*count > capacity) {
     *error = "header claims " + std::to_string(*count) + " keys but the stream holds " +
              std::to_string(stream_bits) + " bits";
     return false;
