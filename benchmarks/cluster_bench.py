@@ -3,19 +3,24 @@ pushes only and pushes + pulls.
 
     python benchmarks/cluster_bench.py                       # loopback, 100mbit, 10mbit
     python benchmarks/cluster_bench.py --bandwidths none --steps 20 --rounds 5
+    python benchmarks/cluster_bench.py --model convnet42 --bandwidths none   # many tensors
 
 For each bandwidth a fresh `tfgc.cluster.LocalCluster` (1 ps, 2 workers) is started
 in a process of its own (the coordinator's eager context belongs to one cluster);
 "none" is plain loopback, any other value is emulated with tc in network namespaces
 (root and iproute2 only; otherwise that row is skipped with the reason). In each
-cluster the same model (a 301k-parameter MLP on scikit-learn's digits, the data of
-`make demo`) is trained with tf_keras `model.fit` under ParameterServerStrategy, once
-per codec, and measured after a warm-up fit:
+cluster the same model is trained with tf_keras `model.fit` under
+ParameterServerStrategy, once per codec, and measured after a warm-up fit. Models, both
+on scikit-learn's digits: `mlp`, a 301k-parameter MLP with 6 variables (the default);
+`convnet42`, 20 3x3 conv layers of 16 channels and a dense layer, 42 variables, where
+per-tensor costs show. Measured:
 
 * step time: wall time of a measured fit / its steps (steps run on both workers),
   median over rounds that interleave the codecs (so load changes hit all of them);
 * bytes per step per direction, from the kernel's per-socket TCP counters (`ss`):
-  push = worker -> ps, pull = ps -> worker, and what the coordinator sent.
+  push = worker -> ps, pull = ps -> worker, and what the coordinator sent;
+* the payload the optimizer counted per direction (`optimizer.traffic`), and the
+  sockets' bytes over it: what the wire costs beyond the codec's own bytes.
 
 Ratios (against fp32 at the same bandwidth) are computed from numbers measured in the
 same run. "int8" and "threelc" compress gradient pushes only (pulls are the fp32
@@ -33,7 +38,25 @@ import time
 CODECS = ("fp32", "int8", "threelc", "int8+pull", "threelc+pull")
 
 
-def measure(bandwidth, steps, batch, rounds):
+def build_model(name, tf_keras):
+    """The benchmark's model `name` ("mlp" or "convnet42") for 64-pixel digits."""
+    if name == "mlp":
+        return tf_keras.Sequential([
+            tf_keras.layers.Dense(512, activation="relu", input_shape=(64,)),
+            tf_keras.layers.Dense(512, activation="relu"),
+            tf_keras.layers.Dense(10),
+        ])
+    if name == "convnet42":
+        convs = [tf_keras.layers.Conv2D(16, 3, padding="same", activation="relu")
+                 for _ in range(20)]
+        return tf_keras.Sequential([
+            tf_keras.layers.Reshape((8, 8, 1), input_shape=(64,)), *convs,
+            tf_keras.layers.GlobalAveragePooling2D(), tf_keras.layers.Dense(10),
+        ])
+    raise ValueError(f"unknown model {name!r}; expected mlp or convnet42")
+
+
+def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
     """Runs in a process of its own: one cluster, every codec; returns a dict."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
@@ -60,11 +83,7 @@ def measure(bandwidth, steps, batch, rounds):
             with strategy.scope():
                 tf_keras.utils.set_random_seed(0)
                 with tfgc.compressed_pulls() if pulls else contextlib.nullcontext():
-                    model = tf_keras.Sequential([
-                        tf_keras.layers.Dense(512, activation="relu", input_shape=(64,)),
-                        tf_keras.layers.Dense(512, activation="relu"),
-                        tf_keras.layers.Dense(10),
-                    ])
+                    model = build_model(model_name, tf_keras)
                 optimizer = tf_keras.optimizers.SGD(0.05)
                 if name != "fp32":
                     make_codec = {"int8": tfgc.codecs.Int8,
@@ -78,11 +97,14 @@ def measure(bandwidth, steps, batch, rounds):
             model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace, connect
             models[name] = model
             rows[name] = {"step_ms": [], "push": 0, "pull": 0, "chief": 0, "loss": None,
+                          "push_payload": 0, "pull_payload": 0,
+                          "variables": len(model.trainable_variables),
                           "params": int(sum(np.prod(v.shape) for v in model.trainable_variables))}
         # Rounds interleave the codecs, so a change in machine load hits all of them;
         # the step time reported is the median over rounds.
         for _ in range(rounds):
             for name in CODECS:
+                counted0 = _counted(models[name].optimizer)
                 before = c.socket_bytes()
                 start = time.monotonic()
                 history = models[name].fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
@@ -98,19 +120,31 @@ def measure(bandwidth, steps, batch, rounds):
                 row["push"] += sent("worker", "ps")
                 row["pull"] += sent("ps", "worker")
                 row["chief"] += sent("chief", "worker") + sent("chief", "ps")
+                counted1 = _counted(models[name].optimizer)
+                for direction in ("push", "pull"):
+                    row[f"{direction}_payload"] += counted1[direction] - counted0[direction]
                 row["loss"] = history.history["loss"][-1]
         for row in rows.values():
             row["step_ms_all"] = row["step_ms"]
             row["step_ms"] = float(np.median(row["step_ms"]))
-            for key in ("push", "pull", "chief"):
+            for key in ("push", "pull", "chief", "push_payload", "pull_payload"):
                 row[key] /= rounds * steps
     return {"bandwidth": bandwidth or "loopback", "setup_s": setup_s, "rows": rows}
 
 
-def run_one(bandwidth, steps, batch, rounds, timeout_s):
+def _counted(optimizer):
+    """{"push", "pull"}: payload bytes a tfgc optimizer counted so far (0 for others)."""
+    traffic = getattr(optimizer, "traffic", None)
+    if traffic is None:
+        return {"push": 0, "pull": 0}
+    return {d: int(traffic[f"{d}_bytes"].numpy()) for d in ("push", "pull")}
+
+
+def run_one(bandwidth, steps, batch, rounds, timeout_s, model_name="mlp"):
     """Runs `measure` in a child process; returns its result or {"error": reason}."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", bandwidth or "none",
-           "--steps", str(steps), "--batch", str(batch), "--rounds", str(rounds)]
+           "--steps", str(steps), "--batch", str(batch), "--rounds", str(rounds),
+           "--model", model_name]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -132,13 +166,14 @@ def report(results, steps, batch, rounds):
         f"batch {batch} per worker; 1 ps + 2 workers; step ms = median over rounds",
         "",
         "| link | codec | step ms | (rounds) | push KB/step | pull KB/step | push vs fp32 | "
-        "pull vs fp32 | step time vs fp32 | final loss |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "pull vs fp32 | step time vs fp32 | push socket/payload | pull socket/payload | "
+        "final loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         if "error" in result:
             lines.append(f"| {result['bandwidth']} | (skipped: {result['error']}) "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | | |")
             continue
         rows = result["rows"]
         base = rows["fp32"]
@@ -149,12 +184,21 @@ def report(results, steps, batch, rounds):
                 f"{' '.join(f'{t:.0f}' for t in r['step_ms_all'])} | {_kb(r['push'])} | "
                 f"{_kb(r['pull'])} | {r['push'] / base['push']:.3f}x | "
                 f"{r['pull'] / base['pull']:.3f}x | "
-                f"{r['step_ms'] / base['step_ms']:.2f}x | {r['loss']:.3f} |"
+                f"{r['step_ms'] / base['step_ms']:.2f}x | "
+                f"{_over(r['push'], r['push_payload'])} | {_over(r['pull'], r['pull_payload'])} | "
+                f"{r['loss']:.3f} |"
             )
-    params = next((r["rows"]["fp32"]["params"] for r in results if "rows" in r), None)
-    if params:
-        lines += ["", f"model: {params:,} parameters ({params * 4 / 1000:,.1f} KB as fp32)"]
+    fp32 = next((r["rows"]["fp32"] for r in results if "rows" in r), None)
+    if fp32:
+        params = fp32["params"]
+        lines += ["", f"model: {params:,} parameters in {fp32['variables']} variables "
+                      f"({params * 4 / 1000:,.1f} KB as fp32)"]
     return "\n".join(lines)
+
+
+def _over(socket_bytes, payload_bytes):
+    """Socket bytes over counted payload bytes; '-' where nothing was counted."""
+    return f"{socket_bytes / payload_bytes:.2f}x" if payload_bytes else "-"
 
 
 def main(argv=None):
@@ -166,12 +210,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of `steps` per codec, interleaved (default 3)")
     parser.add_argument("--timeout", type=int, default=1500, help="seconds per bandwidth")
+    parser.add_argument("--model", default="mlp", choices=("mlp", "convnet42"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child is not None:
         bandwidth = None if args.child == "none" else args.child
-        print("RESULT " + json.dumps(measure(bandwidth, args.steps, args.batch, args.rounds)), flush=True)
+        result = measure(bandwidth, args.steps, args.batch, args.rounds, args.model)
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
 
     from tfgc import cluster
@@ -185,7 +231,8 @@ def main(argv=None):
             continue
         print(f"[cluster_bench] measuring {bandwidth or 'loopback'} ...", file=sys.stderr,
               flush=True)
-        results.append(run_one(bandwidth, args.steps, args.batch, args.rounds, args.timeout))
+        results.append(run_one(bandwidth, args.steps, args.batch, args.rounds, args.timeout,
+                               args.model))
     print(report(results, args.steps, args.batch, args.rounds))
     return 0 if all("error" not in r or "needs" in r["error"] for r in results) else 1
 

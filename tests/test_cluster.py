@@ -549,3 +549,19 @@ def test_ss_reads_until_two_listings_agree(monkeypatch):
     sockets = cluster._ss_sockets(["-i", "state", "established"])
     assert len(calls) == 3  # first != second; second and the duplicated one agree
     assert sorted((s["local"][1], s["bytes_acked"]) for s in sockets) == [(5, 10), (7, 99)]
+
+
+def test_task_traffic_resolves_host_names(monkeypatch):
+    # A TF_CONFIG may name tasks "localhost"; ss prints numeric addresses.
+    me = os.getpid()
+    output = (
+        f"0 0 127.0.0.1:50000 127.0.0.1:40325 users:((\"python\",pid={me},fd=4))\n"
+        "\t bytes_acked:1234 bytes_received:99\n"
+        "0 0 127.0.0.1:40325 127.0.0.1:50000 users:((\"python\",pid=22,fd=5))\n"
+        "\t bytes_acked:99 bytes_received:1234\n"
+    )
+    listening = "LISTEN 0 4096 *:40325 *:* users:((\"python\",pid=22,fd=7))\n"
+    monkeypatch.setattr(cluster, "_run_ss", lambda args: listening if "-l" in args else output)
+    config = {"cluster": {"worker": ["localhost:40324", "localhost:40325"]},
+              "task": {"type": "worker", "index": 0}}
+    assert cluster.task_traffic(config) == {("worker", 1): {"sent": 1234, "received": 99}}

@@ -209,6 +209,19 @@ def _parse_addr(text):
         return None
 
 
+def _numeric_host(host):
+    """`host` as the numeric address `ss -n` prints ("localhost" -> "127.0.0.1")."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host  # unresolvable: matches nothing, as before
+
+
 def _run_ss(args, netns=None):
     prefix = ["ip", "netns", "exec", netns] if netns else []
     try:
@@ -360,7 +373,7 @@ def task_traffic(tf_config=None):
     for job, addresses in tf_config["cluster"].items():
         for index, address in enumerate(addresses):
             host, port = address.rsplit(":", 1)
-            tasks[(host.strip("[]"), int(port))] = (job, index)
+            tasks[(_numeric_host(host.strip("[]")), int(port))] = (job, index)
     hosts = {host for host, _ in tasks}
     # Tasks on hosts of their own (bandwidth emulation) are known by the peer address;
     # tasks that share 127.0.0.1 by the pid that listens on their port.
