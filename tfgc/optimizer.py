@@ -26,7 +26,7 @@ from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable
 from tfgc.memory import feedback_step
 from tfgc.variables import PulledVariable
-from tfgc.wire import choose_wire
+from tfgc.wire import ParameterServerPull, choose_wire
 
 #: The codec of gradients below `min_elements`, unless the optimizer is given another.
 DEFAULT_SMALL_COMPRESSION = "float16"
@@ -201,20 +201,31 @@ class CompressingBase:
         """The variable updates go to; enables compressed pulls of a `PulledVariable`."""
         if not isinstance(variable, PulledVariable):
             return variable
-        if self.pull_compression is not None and variable.pull_codec is None:
-            if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
-                # The step reading this variable was traced with uncompressed pulls.
-                raise RuntimeError(
-                    "Compressed pulls start when the DistributedOptimizer is built: call "
-                    "`optimizer.build(model.trainable_variables)` (inside strategy.scope() "
-                    "if there is a strategy) before training"
-                )
-            master = variable.master
-            variable.enable_compressed_pulls(
-                self.pull_compression.bind(master),
-                count=lambda payload_bytes: self._record("pull", [(master, payload_bytes)]),
-            )
+        self._enable_pulls([variable])
         return variable.master
+
+    def _enable_pulls(self, variables):
+        """Makes the `PulledVariable`s among `variables` pull through
+        `pull_compression`, one group (one message per step) per parameter server."""
+        waiting = [v for v in variables if isinstance(v, PulledVariable) and v.pull_codec is None]
+        if self.pull_compression is None or not waiting:
+            return
+        if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
+            # The step reading these variables was traced with uncompressed pulls.
+            raise RuntimeError(
+                "Compressed pulls start when the DistributedOptimizer is built: call "
+                "`optimizer.build(model.trainable_variables)` (inside strategy.scope() "
+                "if there is a strategy) before training"
+            )
+        by_device = {}
+        for variable in waiting:
+            by_device.setdefault(variable.master.device, []).append(variable)
+        for members in by_device.values():
+            pull_codecs = [self.pull_compression.bind(v.master) for v in members]
+            group = ParameterServerPull(members, pull_codecs,
+                                        count=lambda rows: self._record("pull", rows))
+            for variable, codec in zip(members, pull_codecs):
+                variable.enable_compressed_pulls(codec, group)
 
     @property
     def traffic(self):
@@ -305,6 +316,7 @@ class _CompressingMixin(CompressingBase):
         return self._index_dict[self._var_key(variable)]
 
     def build(self, var_list):
+        self._enable_pulls(var_list)  # all at once: one pull group per parameter server
         var_list = [self._master_of(v) for v in var_list]
         super().build(var_list)
         self._build_compression(var_list)

@@ -12,8 +12,11 @@ step, pulls the compressed difference:
 Only the payload crosses PS -> worker. `snapshot[w]` always equals worker w's cache, so
 what one pull leaves out stays in the next delta: this is 3LC's error accumulation for
 pulls, kept per worker because ParameterServerStrategy runs workers asynchronously.
-A worker whose cache is new (first step, or a restarted worker whose per-worker
+A worker whose caches are new (first step, or a restarted worker whose per-worker
 variables were recreated) first does one full fp32 pull, so it never diverges.
+
+The variables one parameter server hosts are pulled together, in one fused message
+per step with one worker index and one full/delta decision (tfgc.wire.pull).
 
 Gradients are taken with respect to the cache, and `DistributedOptimizer` applies them
 to the master (pushed compressed as usual).
@@ -37,8 +40,7 @@ from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_o
 from tensorflow.python.trackable import base as trackable
 
 from tfgc.codecs import base
-from tfgc.distribute import (
-    DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, worker_index)
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable
 
 _state = threading.local()  # set while this module creates its own buffers
 
@@ -136,8 +138,6 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         try:
             self.cache = local_variable(tf.zeros(master.shape, master.dtype),
                                         f"{base_name}/pull_cache", per_worker)
-            self.synced = local_variable(tf.constant(False), f"{base_name}/pull_synced",
-                                         per_worker)
             with _colocated_with(strategy, master):
                 self.snapshots = local_variable(
                     tf.zeros([workers] + master.shape.as_list(), master.dtype),
@@ -146,7 +146,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         finally:
             _state.creating_buffers = False
         self._codec = None
-        self._count = None
+        self._group = None  # the tfgc.wire.ParameterServerPull that pulls this variable
         self._pulled = weakref.WeakKeyDictionary()  # graph -> (cache handle, pull op)
 
     @property
@@ -157,17 +157,23 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
     def pull_codec(self):
         return self._codec
 
-    def enable_compressed_pulls(self, codec, count=None):
+    @property
+    def synced(self):
+        """Per worker, whether its cache has had its first full pull (shared by the
+        variables pulled together); None until compressed pulls are enabled."""
+        return None if self._group is None else self._group.synced
+
+    def enable_compressed_pulls(self, codec, group):
         """Makes reads in replica functions pull through `codec` (done by the optimizer).
 
         Args:
           codec: the `tfgc.codecs.Codec` for this variable's deltas.
-          count: optional callable(payload_bytes) called when each pull is traced, to
-            add its bytes to traffic counters.
+          group: the `tfgc.wire.ParameterServerPull` that pulls this variable with the
+            others its parameter server hosts, in one message per step.
         """
         if not isinstance(codec, base.Codec):
             raise TypeError(f"pull codec must be a tfgc codec, got {type(codec).__name__}")
-        self._codec, self._count = codec, count
+        self._codec, self._group = codec, group
 
     # --- where reads go -------------------------------------------------------------
 
@@ -185,7 +191,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
             # One handle per graph: the tape watches and differentiates this tensor.
             handle = self.cache.handle
             self._pulled[graph] = (handle, None)  # a read while adding the pull: no pull
-            self._pulled[graph] = (handle, self._pull(handle))
+            self._pulled[graph] = (handle, self._group.pull_op(graph))
         return self._pulled[graph]
 
     @property
@@ -217,48 +223,6 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
                 f"of type {self.dtype.name}"
             )
         return self._read_variable_op()
-
-    def _pull(self, cache):
-        """Adds the ops of one pull to the current graph; returns the op to wait for.
-
-        Args:
-          cache: the handle of this graph's cache. Per-worker variables are bound to a
-            worker when the function is called, which cond branches do not support,
-            so the branches use handles taken here.
-        """
-        codec, master, snapshots = self._codec, self._master, self.snapshots
-        synced = self.synced.handle
-        worker = worker_index()
-        rows = tf.reshape(worker, [1])
-        # Encoding and decoding stay outside the cond: functions nested in a cond branch
-        # are not shipped to parameter-server workers. Only the payload crosses.
-        with tf.device(master.device):
-            payload = codec.encode(master.read_value() - tf.gather(snapshots, worker))
-            applied_on_ps = codec.decode(payload)
-        applied_here = codec.decode(payload)
-
-        def incremental_pull():
-            with tf.device(master.device):
-                snapshots.scatter_add(tf.IndexedSlices(applied_on_ps[None], rows))
-            gen_resource_variable_ops.assign_add_variable_op(cache, applied_here)
-            self._count_bytes(base.payload_nbytes(payload))
-            return tf.constant(0)
-
-        def full_pull():  # a new cache: the first step, or a restarted worker
-            with tf.device(master.device):
-                value = master.read_value()
-                snapshots.scatter_update(tf.IndexedSlices(value[None], rows))
-            gen_resource_variable_ops.assign_variable_op(cache, value)
-            gen_resource_variable_ops.assign_variable_op(synced, True)
-            self._count_bytes(dense_nbytes(master))
-            return tf.constant(0)
-
-        is_synced = gen_resource_variable_ops.read_variable_op(synced, tf.bool)
-        return tf.cond(is_synced, incremental_pull, full_pull)
-
-    def _count_bytes(self, payload_bytes):
-        if self._count is not None:
-            self._count(payload_bytes)
 
     # --- the rest behaves as the master ---------------------------------------------
 

@@ -8,10 +8,15 @@
   (Mirrored / MultiWorkerMirroredStrategy).
 * `LocalWire`: encoded and decoded in this process, through the same fused message
   (one replica: the effect of compression on accuracy, on one machine).
+
+Model pulls go the other way: `ParameterServerPull` sends each worker one fused delta
+message per parameter server and step for 3LC's compressed pulls (tfgc.variables).
 """
 from tfgc.wire.message import Entry, Layout
+from tfgc.wire.pull import ParameterServerPull
 from tfgc.wire.wires import AllReduceWire, LocalWire, ParameterServerPush, Wire, choose_wire
 
 __all__ = [
-    "Entry", "Layout", "Wire", "ParameterServerPush", "AllReduceWire", "LocalWire", "choose_wire",
+    "Entry", "Layout", "Wire", "ParameterServerPush", "ParameterServerPull", "AllReduceWire",
+    "LocalWire", "choose_wire",
 ]

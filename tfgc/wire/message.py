@@ -73,7 +73,8 @@ def _entry(payload_index, key, tensor):
     return Entry(payload_index, key, tensor.dtype)
 
 
-def _to_bytes(tensor):
+def to_bytes(tensor):
+    """`tensor`'s bytes as a 1-D uint8 tensor (bool as one byte per element)."""
     flat = tf.reshape(tensor, [-1])
     if tensor.dtype == tf.bool:
         return tf.cast(flat, tf.uint8)
@@ -82,7 +83,8 @@ def _to_bytes(tensor):
     return tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
 
 
-def _from_bytes(data, dtype):
+def from_bytes(data, dtype):
+    """Inverse of `to_bytes`: 1-D uint8 `data` as a 1-D tensor of `dtype`."""
     if dtype == tf.bool:
         return data > 0
     if dtype == tf.uint8:
@@ -122,8 +124,8 @@ class Layout:
                     sent.append((entry, tf.convert_to_tensor(payload[key])))
         layout = cls(entries, len(payloads))
         lengths = [tf.size(t, out_type=tf.int32) for e, t in sent if e.shape is None]
-        parts = [_to_bytes(tf.stack(lengths))] if lengths else []
-        parts += [_to_bytes(t) for _, t in sent]
+        parts = [to_bytes(tf.stack(lengths))] if lengths else []
+        parts += [to_bytes(t) for _, t in sent]
         if not parts:
             return layout, tf.zeros([0], tf.uint8)
         return layout, tf.concat(parts, axis=0)
@@ -158,7 +160,7 @@ class Layout:
         with tf.control_dependencies([enough_for_header]):
             if self._variable:
                 header = message[: self.header_nbytes]
-                lengths = tf.cast(_from_bytes(header, tf.int32), tf.int64)
+                lengths = tf.cast(from_bytes(header, tf.int32), tf.int64)
             else:
                 lengths = tf.zeros([0], tf.int64)
         sizes = tf.constant([e.dtype.size for e in self._variable], tf.int64, shape=[len(self._variable)])
@@ -185,7 +187,7 @@ class Layout:
                     nbytes = tf.constant(entry.fixed_nbytes, tf.int64)
                 data = tf.slice(message, tf.reshape(offset, [1]), tf.reshape(nbytes, [1]))
                 offset += nbytes
-                value = _from_bytes(data, entry.dtype)
+                value = from_bytes(data, entry.dtype)
                 if entry.shape is not None:
                     value = tf.reshape(value, entry.shape)
             payloads[entry.payload][entry.key] = value

@@ -1,0 +1,130 @@
+"""The pull wire: one fused message per parameter server, worker and step for all the
+compressed-pull variables (3LC's model pulls) that server hosts.
+
+Each `PulledVariable` (tfgc.variables) keeps a master on its parameter server, one
+snapshot row per worker next to it and a cache on each worker. Per step, on the first
+read of any of them, the worker pulls all of them at once:
+
+    worker:  state = [worker index, synced]                   (one int32[2] crosses)
+    server:  payload_i = encode(master_i - snapshot_i[w])     for every variable i
+             full = the masters' bytes if not synced, else nothing
+             message = Layout.pack([payload_1, ..., payload_k, {"full": full}])
+             snapshot_i[w] = synced ? snapshot_i[w] + decode(payload_i) : master_i
+    worker:  cache_i = synced ? cache_i + decode(payload_i) : master_i (from `full`)
+
+One worker index and one full/delta decision per step serve every variable, and the
+selection is arithmetic (no cond across devices), so the only tensors that cross are
+the state going to the server and the message coming back. A new cache (the first
+step, or a restarted worker, whose per-worker variables TensorFlow recreates) is
+unsynced and takes one full pull of all variables.
+"""
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
+
+from tfgc.distribute import dense_nbytes, local_variable, worker_index
+from tfgc.wire.message import Layout, from_bytes, to_bytes
+
+
+class ParameterServerPull:
+    """Pulls a group of `PulledVariable`s that share a parameter server.
+
+    Args:
+      variables: the `PulledVariable`s (their masters on one device).
+      codecs: the codec of each variable's deltas.
+      count: optional callable([(master, payload bytes)]) called once per traced pull.
+
+    Attributes:
+      synced: per worker, whether its caches have had their first full pull.
+    """
+
+    def __init__(self, variables, codecs, count=None):
+        devices = {v.master.device for v in variables}
+        if len(devices) != 1:
+            raise ValueError(f"a pull group shares one parameter server, got {sorted(devices)}")
+        self.variables = list(variables)
+        self.codecs = list(codecs)
+        self.device = devices.pop()
+        self._count = count
+        self.synced = local_variable(tf.constant(False), "pull_synced", per_worker=True)
+        self._full_nbytes = sum(dense_nbytes(v.master) for v in self.variables)
+        self._pulls = weakref.WeakKeyDictionary()  # graph -> this graph's pull op
+
+    def pull_op(self, graph):
+        """The op that pulls the whole group in `graph`, added on its first use."""
+        if graph not in self._pulls:
+            self._pulls[graph] = self.pull([v.cache.handle for v in self.variables])
+        return self._pulls[graph]
+
+    def pull(self, caches):
+        """Adds one step's pull to the current graph; returns the op to wait for.
+
+        Args:
+          caches: this graph's cache handle of each variable (per-worker variables are
+            bound to a worker when the function is called).
+        """
+        synced_handle = self.synced.handle
+        synced = gen_resource_variable_ops.read_variable_op(synced_handle, tf.bool)
+        state = tf.stack([worker_index(), tf.cast(synced, tf.int32)])
+        with tf.device(self.device):
+            message, layout = self._serve(state)
+        payloads = layout.unpack(message, name=f"pull message from {self.device}")
+        full = payloads.pop()["full"]
+        check = tf.debugging.assert_equal(
+            tf.size(full), tf.where(synced, 0, self._full_nbytes),
+            message=f"pull message from {self.device}: full section of the wrong size")
+        with tf.control_dependencies([check]):
+            full = tf.identity(full)
+        updates, offset = [], 0
+        for variable, codec, payload, cache in zip(self.variables, self.codecs, payloads, caches):
+            master = variable.master
+            current = gen_resource_variable_ops.read_variable_op(cache, master.dtype)
+            delta = codec.decode(payload)  # outside the cond: see tfgc.variables
+
+            def full_value(offset=offset, master=master):
+                data = full[offset:offset + dense_nbytes(master)]
+                return tf.reshape(from_bytes(data, master.dtype), master.shape)
+
+            offset += dense_nbytes(master)
+            new = tf.cond(synced, lambda current=current, delta=delta: current + delta, full_value)
+            updates.append(gen_resource_variable_ops.assign_variable_op(cache, new))
+        with tf.control_dependencies(updates):
+            done = gen_resource_variable_ops.assign_variable_op(synced_handle, True)
+        if self._count is not None:
+            self._count(self._counted(layout, payloads, full, synced))
+        return done
+
+    def _counted(self, layout, payloads, full, synced):
+        """[(master, bytes of the message it accounts for)]: its payload, and its dense
+        bytes on a full pull; the full section's length word goes to the first."""
+        counted = layout.payload_nbytes(payloads + [{"full": full}])
+        rows = []
+        for i, variable in enumerate(self.variables):
+            dense = tf.constant(dense_nbytes(variable.master), tf.int64)
+            nbytes = counted[i] + tf.where(synced, tf.constant(0, tf.int64), dense)
+            rows.append((variable.master, nbytes + (4 if i == 0 else 0)))
+        return rows
+
+    def _serve(self, state):
+        """The server's side: encodes every delta and updates the snapshots (stateful
+        ops of the step: they run without anyone waiting on them); returns (message,
+        its layout)."""
+        worker, synced = state[0], state[1] > 0
+        rows = tf.reshape(worker, [1])
+        payloads, snapshots_after, values = [], [], []
+        for variable, codec in zip(self.variables, self.codecs):
+            value = variable.master.read_value()
+            snapshot = tf.gather(variable.snapshots, worker)
+            # encode_and_reconstruct: the reconstruction is the receiver's decoding.
+            payload, sent = codec.encode_and_reconstruct(value - snapshot)
+            payloads.append(payload)
+            values.append(value)
+            snapshots_after.append(tf.where(synced, snapshot + sent, value))
+        full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8),
+                       lambda: tf.concat([to_bytes(v) for v in values], axis=0))
+        layout, message = Layout.pack(payloads + [{"full": full}])
+        with tf.control_dependencies([message]):  # encoded before the snapshots move
+            for variable, new in zip(self.variables, snapshots_after):
+                variable.snapshots.scatter_update(tf.IndexedSlices(new[None], rows))
+        return message, layout
