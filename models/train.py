@@ -404,7 +404,7 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
         in_loss = args.weight_decay_mode == "loss"
         # Weights created under compressed_pulls are read on workers from caches that
         # the parameter servers update with compressed deltas (3LC's pulls).
-        pulls = (tfgc.compressed_pulls(args.min_elements) if pull_codec is not None
+        pulls = (tfgc.compressed_pulls() if pull_codec is not None
                  else contextlib.nullcontext())
         with pulls:
             model = build_model(args.model, data.num_classes, data.input_shape,

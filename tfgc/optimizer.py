@@ -221,7 +221,8 @@ class CompressingBase:
         for variable in waiting:
             by_device.setdefault(variable.master.device, []).append(variable)
         for members in by_device.values():
-            pull_codecs = [self.pull_compression.bind(v.master) for v in members]
+            pull_codecs = [self.pull_compression.bind(v.master) if self.compresses(v.master)
+                           else self.wire_codec(v.master) for v in members]
             group = ParameterServerPull(members, pull_codecs,
                                         count=lambda rows: self._record("pull", rows))
             for variable, codec in zip(members, pull_codecs):

@@ -40,7 +40,7 @@ from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_o
 from tensorflow.python.trackable import base as trackable
 
 from tfgc.codecs import base
-from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable
+from tfgc.distribute import is_parameter_server, local_variable
 
 _state = threading.local()  # set while this module creates its own buffers
 
@@ -77,7 +77,7 @@ def get_variable(name, shape, dtype=tf.float32, initializer="glorot_uniform", tr
 
 
 @contextlib.contextmanager
-def compressed_pulls(min_elements=DEFAULT_MIN_ELEMENTS):
+def compressed_pulls(min_elements=0):
     """Creates the trainable variables made in this scope as `PulledVariable`s.
 
     Enter it inside `strategy.scope()` around model construction:
@@ -86,8 +86,11 @@ def compressed_pulls(min_elements=DEFAULT_MIN_ELEMENTS):
             model = make_model()
 
     Args:
-      min_elements: smaller variables (biases, batch norm) stay plain variables and
-        are pulled uncompressed, as 3LC does.
+      min_elements: smaller variables stay plain variables, read from their server as
+        they are on every step. By default every trainable floating variable is
+        pulled, in one message per server and step: those the optimizer compresses
+        with `pull_compression`, the small ones (biases, batch norm; below the
+        optimizer's `min_elements`) with its small-tensor codec, as its pushes.
     """
 
     def creator(next_creator, **kwargs):
