@@ -122,3 +122,10 @@ def test_entries_of_unknown_rank_above_one_are_refused():
 
     with pytest.raises(ValueError, match="rank-1"):
         pack.get_concrete_function()
+
+
+def test_eager_unpacking_names_the_message(rng):
+    x = tf.constant(rng.normal(size=[5, 4]).astype(np.float32))
+    layout, message = Layout.pack([tfgc.codecs.ThreeLC(1.0).encode(x)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="my message: .*shorter"):
+        layout.unpack(message[:-1], name="my message")

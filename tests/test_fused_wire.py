@@ -23,7 +23,7 @@ STEPS = 4
 
 COORDINATOR = textwrap.dedent(
     """
-    import json, os, sys
+    import contextlib, json, os, sys
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np, tensorflow as tf, tf_keras
     import tfgc
@@ -38,28 +38,35 @@ COORDINATOR = textwrap.dedent(
     report = {}
     with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=400) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
-        with strategy.scope():
+        pulls = mode == "threelc+pull"
+        with strategy.scope(), (tfgc.compressed_pulls() if pulls else contextlib.nullcontext()):
             tf_keras.utils.set_random_seed(0)
             layers = [tf_keras.layers.Conv2D(16, 3, padding="same", activation="relu")
                       for _ in range(20)]
             model = tf_keras.Sequential(
                 [tf_keras.Input((8, 8, 16)), *layers, tf_keras.layers.GlobalAveragePooling2D(),
                  tf_keras.layers.Dense(10)])
+        with strategy.scope():
             opt = tf_keras.optimizers.SGD(0.01)
-            if mode == "threelc":
-                opt = tfgc.DistributedOptimizer(opt, compression=tfgc.codecs.ThreeLC(1.0))
+            if mode != "fp32":
+                opt = tfgc.DistributedOptimizer(
+                    opt, compression=tfgc.codecs.ThreeLC(1.0),
+                    pull_compression=tfgc.codecs.ThreeLC(1.0) if pulls else None)
                 opt.build(model.trainable_variables)
             model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         report["variables"] = len(model.trainable_variables)
         model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)  # trace, connect
-        counted = lambda key: int(opt.traffic[key].numpy()) if mode == "threelc" else 0
-        pushed0 = counted("push_bytes")
+        counted = lambda key: int(opt.traffic[key].numpy()) if mode != "fp32" else 0
+        pushed0, pulled0 = counted("push_bytes"), counted("pull_bytes")
         rows0 = c.socket_bytes()
         history = model.fit(data, epochs=steps, steps_per_epoch=1, verbose=0)
         rows1 = c.socket_bytes()
         report["sent"] = (c.traffic_between("worker", "ps", rows=rows1)
                           - c.traffic_between("worker", "ps", rows=rows0))
+        report["received"] = (c.traffic_between("ps", "worker", rows=rows1)
+                              - c.traffic_between("ps", "worker", rows=rows0))
         report["payload"] = counted("push_bytes") - pushed0
+        report["pull_payload"] = counted("pull_bytes") - pulled0
         report["dense"] = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
         report["loss"] = history.history["loss"]
 
@@ -122,3 +129,17 @@ def test_many_variables_cost_one_message_per_step(run_report):
     for case in ("truncated", "longer"):
         assert outcomes[case] == "InvalidArgument: fused message", outcomes
     assert len(report["loss_after"]) == 1  # and the server kept serving
+
+
+def test_compressed_pulls_cost_one_message_per_step(run_report):
+    # Every weight is pulled (the kernels with ThreeLC, the biases as float16) in one
+    # message per step, so what crosses per variable is gone but for one thing: the
+    # server's part of each step is a function call that carries a remote handle for
+    # every resource it touches, each variable's master among them (~0.1-0.2 KB).
+    report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "threelc+pull"])
+    push, pull = report["sent"] / STEPS, report["received"] / STEPS
+    push_payload, pull_payload = report["payload"] / STEPS, report["pull_payload"] / STEPS
+    assert 0 < pull_payload < report["dense"] / 10, report
+    handles = 256 * report["variables"]
+    assert push_payload <= push <= 1.15 * push_payload + 4096 + handles, report
+    assert pull_payload <= pull <= 1.15 * pull_payload + 4096, report

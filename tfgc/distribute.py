@@ -5,6 +5,8 @@ whether the strategy has parameter servers, makes its per-replica or per-worker
 variables here, and gathers tensors of unequal length across replicas with the word
 packing here. It imports nothing else of tfgc, so any module may import it.
 """
+import contextlib
+
 import tensorflow as tf
 
 #: Variables with fewer elements are not compressed by the main codec (3LC sends them
@@ -40,6 +42,25 @@ def local_variable(initial_value, name, per_worker):
             aggregation=tf.VariableAggregation.SUM,
         )
     return tf.Variable(initial_value, trainable=False, name=name)
+
+
+def num_workers(strategy=None):
+    """Worker tasks under ParameterServerStrategy (each has its own pull state), else 1."""
+    strategy = strategy or tf.distribute.get_strategy()
+    if is_parameter_server(strategy):
+        return strategy._num_workers  # noqa: SLF001 (no public count before the coordinator)
+    return 1
+
+
+@contextlib.contextmanager
+def colocated_with(variable):
+    """Variables created inside go where `variable` is (its parameter server)."""
+    strategy = tf.distribute.get_strategy()
+    if is_parameter_server(strategy):
+        with strategy.extended.colocate_vars_with(variable):
+            yield
+    else:
+        yield
 
 
 def worker_index():

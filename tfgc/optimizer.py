@@ -217,10 +217,10 @@ class CompressingBase:
                 "`optimizer.build(model.trainable_variables)` (inside strategy.scope() "
                 "if there is a strategy) before training"
             )
-        by_device = {}
+        groups = {}  # one per parameter server (and dtype: the snapshots are one buffer)
         for variable in waiting:
-            by_device.setdefault(variable.master.device, []).append(variable)
-        for members in by_device.values():
+            groups.setdefault((variable.master.device, variable.master.dtype), []).append(variable)
+        for members in groups.values():
             pull_codecs = [self.pull_compression.bind(v.master) if self.compresses(v.master)
                            else self.wire_codec(v.master) for v in members]
             group = ParameterServerPull(members, pull_codecs,

@@ -126,26 +126,19 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
       master: the variable on the parameter server.
       cache: the worker's copy (a per-worker variable under ParameterServerStrategy).
       snapshots: on the master's server, one row per worker: what that worker's cache
-        holds.
+        holds (a view of its pull group's buffer; None until pulls are enabled).
       synced: per worker, whether its cache has had its first full pull.
     """
 
     def __init__(self, master):  # pylint: disable=super-init-not-called
         # Like TF's own variable wrappers, this one holds no resource of its own.
         self._master = master
-        strategy = tf.distribute.get_strategy()
-        workers = strategy._num_workers if is_parameter_server(strategy) else 1  # noqa: SLF001
-        per_worker = is_parameter_server(strategy)
+        per_worker = is_parameter_server(tf.distribute.get_strategy())
         base_name = master.name.split(":")[0]
         _state.creating_buffers = True
         try:
             self.cache = local_variable(tf.zeros(master.shape, master.dtype),
                                         f"{base_name}/pull_cache", per_worker)
-            with _colocated_with(strategy, master):
-                self.snapshots = local_variable(
-                    tf.zeros([workers] + master.shape.as_list(), master.dtype),
-                    f"{base_name}/pull_snapshots", per_worker=False,
-                )
         finally:
             _state.creating_buffers = False
         self._codec = None
@@ -159,6 +152,11 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
     @property
     def pull_codec(self):
         return self._codec
+
+    @property
+    def snapshots(self):
+        """[workers, *shape]: what each worker's cache holds, read from the server."""
+        return None if self._group is None else self._group.snapshots_of(self)
 
     @property
     def synced(self):
@@ -312,15 +310,6 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
 
     def __array__(self, dtype=None):
         return self._master.__array__(dtype)
-
-
-@contextlib.contextmanager
-def _colocated_with(strategy, variable):
-    if is_parameter_server(strategy):
-        with strategy.extended.colocate_vars_with(variable):
-            yield
-    else:
-        yield
 
 
 tensor_conversion_registry.register_tensor_conversion_function(

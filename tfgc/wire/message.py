@@ -130,6 +130,26 @@ class Layout:
             return layout, tf.zeros([0], tf.uint8)
         return layout, tf.concat(parts, axis=0)
 
+    def _lengths(self, header):
+        """The declared lengths (elements) of the variable-length entries, int64."""
+        if not self._variable:
+            return tf.zeros([0], tf.int64)
+        return tf.cast(from_bytes(header, tf.uint32), tf.int64)
+
+    def _check_eagerly(self, message, name):
+        size = int(message.shape[0])
+        if size < self.header_nbytes + self.fixed_nbytes:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"{name}: {size} bytes, shorter than its layout "
+                            f"({self.header_nbytes + self.fixed_nbytes} at least)")
+        lengths = self._lengths(message[: self.header_nbytes]).numpy()
+        declared = self.header_nbytes + self.fixed_nbytes + sum(
+            int(n) * e.dtype.size for n, e in zip(lengths, self._variable))
+        if size != declared:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"{name}: its size does not match its layout "
+                            f"({size} bytes, {declared} declared)")
+
     def payload_nbytes(self, payloads):
         """Bytes of the message that each payload accounts for (its sent entries and
         their length words), as int64 scalars; they add up to the message's size."""
@@ -148,29 +168,32 @@ class Layout:
     def unpack(self, message, name="fused message"):
         """The payloads of `message`, checked against this layout.
 
+        The checks are bare Assert ops with a string message: a `tf.debugging.assert_*`
+        with tensor data becomes a cond, and a cond whose inputs sit on two devices
+        sends several small tensors across, every step.
+
         Raises:
-          tf.errors.InvalidArgumentError (when run): the message's size does not match
-            the layout and the lengths it declares, or a length is negative.
+          tf.errors.InvalidArgumentError: the message's size does not match the layout
+            and the lengths it declares (when run; the error names `name`).
         """
         message = tf.convert_to_tensor(message, tf.uint8)
+        if tf.executing_eagerly():
+            self._check_eagerly(message, name)
         size = tf.size(message, out_type=tf.int64)
-        enough_for_header = tf.debugging.assert_greater_equal(
-            size, tf.constant(self.header_nbytes + self.fixed_nbytes, tf.int64),
-            message=f"{name}: shorter than its layout")
-        with tf.control_dependencies([enough_for_header]):
-            if self._variable:
-                header = message[: self.header_nbytes]
-                lengths = tf.cast(from_bytes(header, tf.int32), tf.int64)
-            else:
-                lengths = tf.zeros([0], tf.int64)
-        sizes = tf.constant([e.dtype.size for e in self._variable], tf.int64, shape=[len(self._variable)])
+        fits_header = tf.debugging.Assert(
+            size >= self.header_nbytes + self.fixed_nbytes,
+            [f"{name}: shorter than its layout ({self.header_nbytes + self.fixed_nbytes} "
+             "bytes at least)"])
+        with tf.control_dependencies([fits_header]):
+            # Lengths are read as uint32: none is negative, and a forged one only
+            # makes the declared size disagree (nothing is allocated for it).
+            lengths = self._lengths(message[: self.header_nbytes])
+        sizes = tf.constant([e.dtype.size for e in self._variable], tf.int64,
+                            shape=[len(self._variable)])
         declared = self.header_nbytes + self.fixed_nbytes + tf.reduce_sum(lengths * sizes)
-        checks = [
-            tf.debugging.assert_non_negative(lengths, message=f"{name}: a negative length"),
-            tf.debugging.assert_equal(
-                size, declared, message=f"{name}: its size does not match its layout"),
-        ]
-        with tf.control_dependencies(checks):
+        matches = tf.debugging.Assert(
+            tf.equal(size, declared), [f"{name}: its size does not match its layout"])
+        with tf.control_dependencies([matches]):
             message = tf.identity(message)
         payloads = [{} for _ in range(self.num_payloads)]
         offset = tf.constant(self.header_nbytes, tf.int64)

@@ -23,7 +23,8 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
 
-from tfgc.distribute import dense_nbytes, local_variable, worker_index
+from tfgc.distribute import (
+    colocated_with, dense_nbytes, local_variable, num_workers, worker_index)
 from tfgc.wire.message import Layout, from_bytes, to_bytes
 
 
@@ -31,25 +32,40 @@ class ParameterServerPull:
     """Pulls a group of `PulledVariable`s that share a parameter server.
 
     Args:
-      variables: the `PulledVariable`s (their masters on one device).
+      variables: the `PulledVariable`s (their masters on one device, of one dtype).
       codecs: the codec of each variable's deltas.
       count: optional callable([(master, payload bytes)]) called once per traced pull.
 
     Attributes:
       synced: per worker, whether its caches have had their first full pull.
+      snapshots: on the server, [workers, all the variables' elements]: row w is what
+        worker w's caches hold. One buffer, so that the server's part of a step takes
+        one more resource, not one per variable (each costs bytes on every call).
     """
 
     def __init__(self, variables, codecs, count=None):
-        devices = {v.master.device for v in variables}
-        if len(devices) != 1:
-            raise ValueError(f"a pull group shares one parameter server, got {sorted(devices)}")
+        kinds = {(v.master.device, v.master.dtype) for v in variables}
+        if len(kinds) != 1:
+            raise ValueError(f"a pull group shares one server and one dtype, got {kinds}")
         self.variables = list(variables)
         self.codecs = list(codecs)
-        self.device = devices.pop()
+        self.device, self.dtype = kinds.pop()
         self._count = count
+        self._sizes = [v.master.shape.num_elements() for v in self.variables]
+        self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
         self.synced = local_variable(tf.constant(False), "pull_synced", per_worker=True)
+        with colocated_with(self.variables[0].master):
+            self.snapshots = local_variable(
+                tf.zeros([num_workers(), sum(self._sizes)], self.dtype), "pull_snapshots",
+                per_worker=False)
         self._full_nbytes = sum(dense_nbytes(v.master) for v in self.variables)
         self._pulls = weakref.WeakKeyDictionary()  # graph -> this graph's pull op
+
+    def snapshots_of(self, variable):
+        """`variable`'s rows of the snapshot buffer, [workers, *shape]."""
+        i = next(i for i, member in enumerate(self.variables) if member is variable)
+        rows = tf.convert_to_tensor(self.snapshots)[:, self._offsets[i]:self._offsets[i] + self._sizes[i]]
+        return tf.reshape(rows, [-1] + variable.master.shape.as_list())
 
     def pull_op(self, graph):
         """The op that pulls the whole group in `graph`, added on its first use."""
@@ -71,10 +87,10 @@ class ParameterServerPull:
             message, layout = self._serve(state)
         payloads = layout.unpack(message, name=f"pull message from {self.device}")
         full = payloads.pop()["full"]
-        check = tf.debugging.assert_equal(
-            tf.size(full), tf.where(synced, 0, self._full_nbytes),
-            message=f"pull message from {self.device}: full section of the wrong size")
-        with tf.control_dependencies([check]):
+        full_size = tf.debugging.Assert(  # a bare Assert: see Layout.unpack
+            tf.equal(tf.size(full), tf.where(synced, 0, self._full_nbytes)),
+            [f"pull message from {self.device}: full section of the wrong size"])
+        with tf.control_dependencies([full_size]):
             full = tf.identity(full)
         updates, offset = [], 0
         for variable, codec, payload, cache in zip(self.variables, self.codecs, payloads, caches):
@@ -112,19 +128,21 @@ class ParameterServerPull:
         its layout)."""
         worker, synced = state[0], state[1] > 0
         rows = tf.reshape(worker, [1])
+        row = tf.gather(self.snapshots, worker)
         payloads, snapshots_after, values = [], [], []
-        for variable, codec in zip(self.variables, self.codecs):
+        for variable, codec, offset, size in zip(self.variables, self.codecs, self._offsets,
+                                                 self._sizes):
             value = variable.master.read_value()
-            snapshot = tf.gather(variable.snapshots, worker)
+            snapshot = tf.reshape(row[offset:offset + size], variable.master.shape)
             # encode_and_reconstruct: the reconstruction is the receiver's decoding.
             payload, sent = codec.encode_and_reconstruct(value - snapshot)
             payloads.append(payload)
             values.append(value)
-            snapshots_after.append(tf.where(synced, snapshot + sent, value))
+            snapshots_after.append(tf.reshape(tf.where(synced, snapshot + sent, value), [-1]))
         full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8),
                        lambda: tf.concat([to_bytes(v) for v in values], axis=0))
         layout, message = Layout.pack(payloads + [{"full": full}])
         with tf.control_dependencies([message]):  # encoded before the snapshots move
-            for variable, new in zip(self.variables, snapshots_after):
-                variable.snapshots.scatter_update(tf.IndexedSlices(new[None], rows))
+            new_row = tf.concat(snapshots_after, axis=0)
+            self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
         return message, layout
