@@ -12,6 +12,10 @@ once with plain SGD and once with ThreeLC. From `ss`, per step, worker -> ps:
 
 A malformed fused message sent to the parameter server fails there with
 InvalidArgument, and the server goes on serving.
+
+With compressed pulls (`compressed_pulls()`: every weight pulled in one message per
+step), both directions carry their counted payload plus a fixed cost per step, and the
+pushes one remote resource handle per variable (see the last test).
 """
 import textwrap
 
