@@ -89,6 +89,9 @@ WORKER_SCRIPT = textwrap.dedent(
             record["decode_error"] = float(np.abs(update - decoded).max() / np.abs(decoded).max())
             record["span"] = span
         records.append(record)
+    # A barrier: neither worker exits (closing its sockets) before both have read
+    # their counters.
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
     state = b"".join(v.numpy().tobytes() for v in (layer.basis, layer.mean, layer.dim, layer.step))
     print("RESULT", json.dumps({
         "worker": me, "records": records, "k": k, "slices": s, "elements": int(np.prod(shape)),

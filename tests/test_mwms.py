@@ -96,6 +96,9 @@ WORKER = textwrap.dedent(
             "payload": (int(optimizer.traffic["push_bytes"].numpy())
                         if codec is not None else None),
         }
+    # A barrier: neither worker exits (closing its sockets) before both have read
+    # their counters.
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
     print("REPORT " + json.dumps(report), flush=True)
     """
 )

@@ -228,3 +228,74 @@ def test_codecs_are_bound_per_variable_and_may_refuse_error_feedback():
         opt.codec_for(small)  # below min_elements: not compressed, no codec
     opt.apply_gradients([(tf.ones([40, 50]), big), (tf.ones([64, 32]), other)])
     np.testing.assert_array_equal(big.numpy(), -np.ones([40, 50]))
+
+
+BUCKET_SCRIPT = textwrap.dedent(
+    """
+    import collections, json
+    import numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tf_keras, tfgc
+    C = tfgc.codecs
+    # One worker, two local replicas that reduce with collectives, as workers do
+    # (TensorFlow's own tests build this strategy the same way).
+    strategy = tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    rng = np.random.default_rng(0)
+    shapes = [[64, 64]] * 8 + [[7]] * 8
+    grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(2)]
+    report = {}
+    for name, codec, bucket in (("fp16-one", C.Cast("float16"), 2**30),
+                                ("fp16-many", C.Cast("float16"), 16 * 1024),
+                                ("threelc-one", C.ThreeLC(1.0), 2**30)):
+        with strategy.scope():
+            variables = [tf.Variable(np.zeros(s, np.float32)) for s in shapes]
+            opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=codec,
+                                            bucket_bytes=bucket)
+            opt.build(variables)
+
+        @tf.function
+        def step():
+            def replica_fn():
+                r = tf.distribute.get_replica_context().replica_id_in_sync_group
+                gs = [tf.gather(tf.constant(np.stack([g[i] for g in grads])), r)
+                      for i in range(len(shapes))]
+                opt.apply_gradients(zip(gs, variables))
+            strategy.run(replica_fn)
+
+        graph = step.get_concrete_function().graph.as_graph_def()
+        ops = collections.Counter(n.op for n in graph.node)
+        for function in graph.library.function:
+            ops.update(n.op for n in function.node_def)
+        step()
+        def summed(i):
+            if i >= 8:  # biases: below min_elements, summed as they are
+                return grads[0][i] + grads[1][i]
+            if codec.summable:  # float16 payloads, summed in float16 by the collective
+                return sum(g[i].astype(np.float16) for g in grads).astype(np.float32)
+            return sum(codec.decode(codec.encode(g[i])).numpy() for g in grads)
+
+        expected = [-summed(i) for i in range(len(shapes))]
+        error = max(float(np.abs(np.asarray(v.numpy()) - e).max())
+                    for v, e in zip(variables, expected))
+        report[name] = {"reduce": ops["CollectiveReduceV2"], "gather": ops["CollectiveGatherV2"],
+                        "error": error}
+    print("REPORT " + json.dumps(report))
+    """
+)
+
+
+@pytest.mark.slow
+def test_all_reduce_packs_gradients_into_buckets(run_report):
+    report = run_report(BUCKET_SCRIPT, timeout=300)
+    # Collective ops counted in the step's graph: one per replica (2) per collective.
+    # fp16 payloads of 8 kernels and 8 fp32 biases: one collective per dtype.
+    assert report["fp16-one"]["reduce"] == 2 * 2, report
+    # 16 KiB buckets: the 64 KiB of fp16 kernels in 3 packs, plus the biases.
+    assert report["fp16-many"]["reduce"] == 2 * (3 + 1), report
+    # ThreeLC: one fused message gathered (sizes, shape, words; TensorFlow gathers
+    # each one's length first), the biases summed.
+    assert report["threelc-one"]["gather"] == 2 * 6 and report["threelc-one"]["reduce"] == 2
+    for run in report.values():
+        assert run["error"] < 1e-5, report

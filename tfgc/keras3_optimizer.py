@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
 from tfgc.optimizer import DEFAULT_SMALL_COMPRESSION, CompressingBase
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
 HOOK = "_all_reduce_sum_gradients"
 _CLASSES = {}
@@ -42,7 +43,8 @@ class _Keras3Mixin(CompressingBase):
 
     def __init__(self, *args, compression, pull_compression=None,
                  min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
-                 small_compression=DEFAULT_SMALL_COMPRESSION, **kwargs):
+                 small_compression=DEFAULT_SMALL_COMPRESSION,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
         super().__init__(*args, **kwargs)
         if pull_compression is not None:
             raise NotImplementedError(
@@ -50,7 +52,7 @@ class _Keras3Mixin(CompressingBase):
                 "with; use a tf_keras optimizer"
             )
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
-                               small_compression)
+                               small_compression, bucket_bytes)
 
     def get_config(self):
         return self._compression_config(super().get_config())

@@ -27,6 +27,7 @@ from tfgc.distribute import DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_ser
 from tfgc.memory import feedback_step
 from tfgc.variables import PulledVariable
 from tfgc.wire import ParameterServerPull, choose_wire
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
 #: The codec of gradients below `min_elements`, unless the optimizer is given another.
 DEFAULT_SMALL_COMPRESSION = "float16"
@@ -42,6 +43,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     min_elements=DEFAULT_MIN_ELEMENTS,
     error_feedback=True,
     small_compression=DEFAULT_SMALL_COMPRESSION,
+    bucket_bytes=DEFAULT_BUCKET_BYTES,
 ):
     """Returns a copy of `optimizer` that compresses the gradients it applies.
 
@@ -66,6 +68,8 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         (parameter servers, one process): "float16" (the default: `Cast("float16")`,
         which saturates instead of overflowing), a `tfgc.codecs.Codec`, or None to
         send them as they are. All-reduce strategies sum them as they are.
+      bucket_bytes: under all-reduce strategies, about how many bytes one collective
+        carries (gradients are packed into buckets; default 25 MiB, as PyTorch DDP).
 
     Raises:
       TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
@@ -95,7 +99,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     config.update(
         compression=compression, pull_compression=pull_compression,
         min_elements=min_elements, error_feedback=error_feedback,
-        small_compression=small_compression,
+        small_compression=small_compression, bucket_bytes=bucket_bytes,
     )
     return make_class(type(optimizer)).from_config(config)
 
@@ -121,7 +125,7 @@ class CompressingBase:
     """
 
     def _init_compression(self, compression, pull_compression, min_elements, error_feedback,
-                          small_compression):
+                          small_compression, bucket_bytes):
         compression, pull_compression, small_compression = (
             codecs.deserialize(c) if isinstance(c, dict) else c
             for c in (compression, pull_compression, _small_codec(small_compression)))
@@ -131,6 +135,9 @@ class CompressingBase:
         self._uncompressed = codecs.NoCompression()
         self.min_elements = int(min_elements)
         self.error_feedback = bool(error_feedback)
+        if int(bucket_bytes) <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
         self._residuals = {}
         self._codecs = {}  # the codec bound to each compressed variable, by key
         # Per direction, a [2, variables + 1] int64 counter: payload bytes and dense
@@ -154,6 +161,7 @@ class CompressingBase:
                 None if self.small_compression is None
                 else codecs.serialize(self.small_compression)
             ),
+            bucket_bytes=self.bucket_bytes,
         )
         return config
 
@@ -294,7 +302,7 @@ class CompressingBase:
     def _send_all(self, strategy, grads_and_vars, aggregate):
         """Sends every gradient over the wire `strategy` calls for and counts the bytes;
         returns the (gradient as received, variable) pairs."""
-        wire = choose_wire(self, strategy, aggregate)
+        wire = choose_wire(self, strategy, aggregate, self.bucket_bytes)
         pairs, sent = wire.send(grads_and_vars)
         self._record("push", sent)
         return pairs
@@ -305,10 +313,11 @@ class _CompressingMixin(CompressingBase):
 
     def __init__(self, *args, compression, pull_compression=None,
                  min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
-                 small_compression=DEFAULT_SMALL_COMPRESSION, **kwargs):
+                 small_compression=DEFAULT_SMALL_COMPRESSION,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
-                               small_compression)
+                               small_compression, bucket_bytes)
 
     def get_config(self):
         return self._compression_config(super().get_config())

@@ -79,51 +79,114 @@ class ParameterServerPush(_FusedWire):
         return variable.device
 
 
+#: Bytes per collective (PyTorch DDP's default bucket is 25 MB, Horovod fuses 64 MB).
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
 class AllReduceWire(Wire):
-    """Mirrored / MultiWorkerMirroredStrategy: a summable codec's floating payload
-    tensors are all-reduced in the compressed domain and decoded once; other codecs'
-    payloads are all-gathered (padded to the longest) and every replica decodes and
-    sums all of them. A codec with its own `all_reduce` does the whole aggregation.
-    Gradients below `min_elements` are all-reduced as they are."""
+    """Mirrored / MultiWorkerMirroredStrategy, in buckets of about `bucket_bytes`.
+
+    A summable codec's floating payload tensors, and the gradients below
+    `min_elements` as they are, are all-reduced in the compressed domain, packed by
+    dtype into one collective per bucket (TensorFlow concatenates each pack), and
+    decoded once. Other codecs' payloads are packed into one fused message per bucket
+    (tfgc.wire.Layout), all-gathered (padded to the longest replica's), and every
+    replica unpacks, decodes and sums all of them. A codec with its own `all_reduce`
+    (`owns_all_reduce`) does its variable's whole aggregation.
+
+    Args:
+      sender: the optimizer whose gradients are sent.
+      bucket_bytes: about how many bytes one collective carries.
+    """
+
+    def __init__(self, sender, bucket_bytes=DEFAULT_BUCKET_BYTES):
+        super().__init__(sender)
+        self.bucket_bytes = int(bucket_bytes)
 
     def send(self, grads_and_vars):
         context = tf.distribute.get_replica_context()
-        pairs, sent = [], []
-        for gradient, variable in grads_and_vars:
-            if gradient is not None:
-                gradient, nbytes = self._send_one(context, gradient, variable)
-                sent.append((variable, nbytes))
-            pairs.append((gradient, variable))
-        return pairs, sent
+        received = [gradient for gradient, _ in grads_and_vars]
+        nbytes = {}
+        summed, gathered = [], []  # (position, payload or None for a raw gradient)
+        for position, (gradient, variable) in enumerate(grads_and_vars):
+            if gradient is None:
+                continue
+            if not self.sender.compresses(variable):
+                summed.append((position, {"values": tf.convert_to_tensor(gradient)}))
+                nbytes[position] = dense_nbytes(variable)
+                continue
+            codec = self.sender.wire_codec(variable)
+            if codec.owns_all_reduce:
+                received[position], nbytes[position] = codec.all_reduce(
+                    tf.convert_to_tensor(gradient), context)
+                continue
+            payload = self.sender.wire_payload(gradient, variable)
+            if codec.summable:
+                summed.append((position, payload))
+                nbytes[position] = base.payload_nbytes(payload)
+            else:
+                gathered.append((position, payload))
+        for position, payload in self._all_reduce(context, summed):
+            variable = grads_and_vars[position][1]
+            codec = self.sender.wire_codec(variable)
+            received[position] = (payload["values"] if not self.sender.compresses(variable)
+                                  else codec.decode(payload))
+        for bucket in self._buckets(gathered, grads_and_vars):
+            for position, total, count in self._all_gather(context, bucket, grads_and_vars):
+                received[position], nbytes[position] = total, count
+        pairs = list(zip(received, (v for _, v in grads_and_vars)))
+        return pairs, [(grads_and_vars[p][1], nbytes[p]) for p in sorted(nbytes)]
 
-    def _send_one(self, context, gradient, variable):
-        if not self.sender.compresses(variable):
-            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, gradient)
-            return summed, dense_nbytes(variable)
-        codec = self.sender.wire_codec(variable)
-        if codec.owns_all_reduce:
-            return codec.all_reduce(tf.convert_to_tensor(gradient), context)
-        payload = self.sender.wire_payload(gradient, variable)
-        nbytes = base.payload_nbytes(payload)
-        if codec.summable:
-            summed = {
-                k: context.all_reduce(tf.distribute.ReduceOp.SUM, t) if t.dtype.is_floating else t
-                for k, t in payload.items()
-            }
-            return codec.decode(summed), nbytes
-        gathered = [all_gather_padded(context, t) for t in payload.values()]
-        total = None
-        for replica in range(context.num_replicas_in_sync):
-            decoded = codec.decode({k: pieces[replica] for k, pieces in zip(payload, gathered)})
-            total = decoded if total is None else total + decoded
-        return total, nbytes
+    def _all_reduce(self, context, summed):
+        """Sums the floating entries of `summed`'s payloads across replicas, one
+        collective per dtype and bucket; returns [(position, summed payload)]."""
+        by_dtype = {}
+        for index, (_, payload) in enumerate(summed):
+            for key, tensor in payload.items():
+                # Empty entries (a dtype marker) stay as they are: nothing to sum.
+                if tensor.dtype.is_floating and tensor.shape.num_elements() != 0:
+                    by_dtype.setdefault(tensor.dtype, []).append((index, key))
+        results = [dict(payload) for _, payload in summed]
+        options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=self.bucket_bytes)
+        for places in by_dtype.values():
+            tensors = [summed[i][1][key] for i, key in places]
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, tensors, options=options)
+            for (i, key), tensor in zip(places, reduced):
+                results[i][key] = tensor
+        return [(position, result) for (position, _), result in zip(summed, results)]
+
+    def _buckets(self, gathered, grads_and_vars):
+        """`gathered` cut into runs of about `bucket_bytes` of dense gradient."""
+        buckets, size = [], 0
+        for item in gathered:
+            if not buckets or size >= self.bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(item)
+            size += dense_nbytes(grads_and_vars[item[0]][1])
+        return buckets
+
+    def _all_gather(self, context, bucket, grads_and_vars):
+        """One fused message per replica for `bucket`, gathered; returns [(position,
+        sum of every replica's decoding, this replica's share of its message)]."""
+        layout, message = Layout.pack([payload for _, payload in bucket])
+        shares = layout.payload_nbytes([payload for _, payload in bucket])
+        messages = all_gather_padded(context, message)
+        totals = [None] * len(bucket)
+        for replica_message in messages:
+            unpacked = layout.unpack(replica_message, name="all-gathered fused message")
+            for i, ((position, _), payload) in enumerate(zip(bucket, unpacked)):
+                decoded = self.sender.wire_codec(grads_and_vars[position][1]).decode(payload)
+                totals[i] = decoded if totals[i] is None else totals[i] + decoded
+        return [(position, total, share)
+                for (position, _), total, share in zip(bucket, totals, shares)]
 
 
-def choose_wire(sender, strategy, aggregate):
+def choose_wire(sender, strategy, aggregate, bucket_bytes=DEFAULT_BUCKET_BYTES):
     """The wire for `strategy`: PS push, all-reduce (when gradients are to be
-    aggregated across replicas) or local."""
+    aggregated across replicas, in buckets of about `bucket_bytes`) or local."""
     if is_parameter_server(strategy):
         return ParameterServerPush(sender)
     if strategy.num_replicas_in_sync > 1 and aggregate:
-        return AllReduceWire(sender)
+        return AllReduceWire(sender, bucket_bytes)
     return LocalWire(sender)
