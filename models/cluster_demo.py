@@ -15,6 +15,12 @@ available offline (see `models.data`); otherwise the real Fashion-MNIST, and the
 says so. Then it prints a table (test accuracy, bytes per step worker->PS and PS->worker
 from the kernel's per-socket TCP counters, compression ratios, step time), writes it to
 <out>/results.md and overlays the runs' loss and accuracy curves in <out>/demo.png.
+
+Where the machine can emulate links (root and iproute2: `tfgc.cluster` puts each task
+in a network namespace and shapes what it sends with tc), every compression runs once
+more on an emulated --link (default 10mbit), and the table adds the time each run took
+to train and reach its test accuracy, and its speedup over fp32 on the same link; where
+it cannot, the demo says why and keeps to loopback (--link none skips it).
 """
 import argparse
 import json
@@ -27,8 +33,9 @@ import time
 DEFAULT_COMPRESSIONS = ("none", "threelc:sparsity=1.0")
 
 
-def run_training(compression, args, out_dir):
-    """Runs models.train for one compression in a child process; returns its summary."""
+def run_training(compression, args, out_dir, link=None):
+    """Runs models.train for one compression (on an emulated `link`, e.g. "10mbit",
+    or loopback) in a child process; returns its summary."""
     command = [
         sys.executable, "-m", "models.train",
         "--strategy", "ps", "--ps", "1", "--workers", str(args.workers),
@@ -40,7 +47,7 @@ def run_training(compression, args, out_dir):
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
         "--pull-compression", compression if args.pulls else "none",
         "--timeout", str(args.timeout), "--verbose", "2",
-    ]
+    ] + (["--bandwidth", link] if link else [])
     print(f"\n=== {compression}: {' '.join(command[1:])}", flush=True)
     proc = subprocess.Popen(command, start_new_session=True)
     try:
@@ -62,7 +69,9 @@ def run_training(compression, args, out_dir):
     if proc.returncode != 0:
         raise RuntimeError(f"the {compression} run failed with exit code {proc.returncode}")
     with open(os.path.join(out_dir, "summary.json")) as f:
-        return json.load(f)
+        summary = json.load(f)
+    summary["link"] = link or "loopback"
+    return summary
 
 
 def _mb(n):
@@ -74,23 +83,25 @@ def _ratio(value):
 
 
 def results_table(summaries):
-    """A Markdown table of the runs, ratios against the first (uncompressed) one."""
-    base = summaries[0]
+    """A Markdown table of the runs; ratios against the uncompressed run on the same link."""
+    base = {s["link"]: s for s in summaries if s["compression"] == summaries[0]["compression"]}
     lines = [
-        "| compression | test acc | train loss | worker->PS MB/step | PS->worker MB/step "
+        "| link | compression | test acc | train loss | worker->PS MB/step | PS->worker MB/step "
         "| worker->PS ratio (socket) | PS->worker ratio (socket) | push payload ratio "
-        "| pull payload ratio | step time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| pull payload ratio | step time (s) | train time (s) | speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
+        b = base[s["link"]]
         up, down = s["socket_worker_to_ps_bytes_per_step"], s["socket_ps_to_worker_bytes_per_step"]
         lines.append(
-            f"| {s['compression']} | {s['test_accuracy']:.4f} | {s['final_train_loss']:.3f} "
-            f"| {_mb(up)} | {_mb(down)} "
-            f"| {base['socket_worker_to_ps_bytes_per_step'] / up:.1f}x "
-            f"| {base['socket_ps_to_worker_bytes_per_step'] / down:.1f}x "
+            f"| {s['link']} | {s['compression']} | {s['test_accuracy']:.4f} "
+            f"| {s['final_train_loss']:.3f} | {_mb(up)} | {_mb(down)} "
+            f"| {b['socket_worker_to_ps_bytes_per_step'] / up:.1f}x "
+            f"| {b['socket_ps_to_worker_bytes_per_step'] / down:.1f}x "
             f"| {s['payload_ratio']:.1f}x | {_ratio(s.get('pull_payload_ratio'))} "
-            f"| {s['step_time_s']:.3f} |"
+            f"| {s['step_time_s']:.3f} | {s['train_time_s']:.0f} "
+            f"| {b['step_time_s'] / s['step_time_s']:.1f}x |"
         )
     return "\n".join(lines)
 
@@ -124,19 +135,33 @@ def main(argv=None):
     parser.add_argument("--train-limit", type=int, default=10000)
     parser.add_argument("--test-limit", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=480, help="seconds per run")
+    parser.add_argument("--link", default="10mbit",
+                        help="also run every compression on an emulated link of this rate "
+                             "(tc units) where the machine allows it; none: loopback only")
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)
 
+    from tfgc import cluster
+
+    links = [None]
+    link_note = ""
+    if args.link and args.link != "none":
+        reason = cluster.emulation_unavailable()
+        if reason is None:
+            links.append(args.link)
+        else:
+            link_note = f"No emulated {args.link} link on this machine: {reason}."
+            print(f"[demo] {link_note} Loopback only.", flush=True)
     started = time.monotonic()
-    summaries = []
-    for compression in args.compressions:
-        name = compression.replace(":", "_").replace("=", "").replace(",", "_")
-        summaries.append(run_training(compression, args, os.path.join(args.out, name)))
+    summaries, run_dirs = [], []
+    for link in links:
+        for compression in args.compressions:
+            name = compression.replace(":", "_").replace("=", "").replace(",", "_")
+            run_dirs.append(os.path.join(args.out, name + (f"_{link}" if link else "")))
+            summaries.append(run_training(compression, args, run_dirs[-1], link))
     from models import plots
 
-    png = plots.plot_runs([os.path.join(args.out, s["compression"].replace(":", "_")
-                                        .replace("=", "").replace(",", "_")) for s in summaries],
-                          os.path.join(args.out, "demo.png"), smooth=1)
+    png = plots.plot_runs(run_dirs, os.path.join(args.out, "demo.png"), smooth=1)
     first = summaries[0]
     header = (
         f"{first['model']} ({first['parameters']:,d} parameters), 1 parameter server + "
@@ -146,7 +171,10 @@ def main(argv=None):
         "over the steps of fit, divided by the steps.\nGradient payload ratio: dense fp32 "
         "gradient bytes / encoded bytes, from the optimizer's counters (pull: the same for "
         "model deltas).\nWeight decay: "
-        f"{args.weight_decay_mode} (see models.train --weight-decay-mode)."
+        f"{args.weight_decay_mode} (see models.train --weight-decay-mode).\n"
+        "Links: loopback, and emulated links (tc token buckets on what each task sends, "
+        "tfgc.cluster); speedup = fp32's step time / this run's on the same link; train "
+        "time = wall time of the run's training." + (f"\n{link_note}" if link_note else "")
     )
     table = results_table(summaries)
     text = f"{header}\n\n{table}\n"

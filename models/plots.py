@@ -24,7 +24,10 @@ def read_run(path):
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
-        label = f"{summary.get('compression', label)} ({summary.get('strategy', '?')})"
+        where = summary.get("strategy", "?")
+        if summary.get("bandwidth"):
+            where += f", {summary['bandwidth']}"
+        label = f"{summary.get('compression', label)} ({where})"
         if summary.get("test_accuracy") is not None:
             label += f", test acc {summary['test_accuracy']:.3f}"
     return label, rows

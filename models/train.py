@@ -321,6 +321,7 @@ def train(args):
         "ps": args.ps if args.strategy == "ps" else 0, "steps": steps_per_epoch * epochs,
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "weight_decay": args.weight_decay, "weight_decay_mode": args.weight_decay_mode,
+        "bandwidth": args.bandwidth,
         "command": "python -m models.train " + " ".join(args.argv),
     }
     is_chief, cluster = True, None
