@@ -46,6 +46,18 @@ def test_rejects_what_it_cannot_do():
         )
     with pytest.raises(TypeError, match="codec"):
         tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression="3lc")
+    wrapped = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC())
+    with pytest.raises(TypeError, match="already a DistributedOptimizer"):
+        tfgc.DistributedOptimizer(wrapped, compression=C.ThreeLC())
+
+
+def test_warns_where_compression_would_silently_do_nothing_or_twice():
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC())
+    with pytest.warns(UserWarning, match="compresses nothing"):
+        opt.build([tf.Variable(tf.zeros([10, 10]))])  # 100 < 1024 elements
+    with pytest.warns(UserWarning, match="two residuals"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                  compression=tfgc.ErrorFeedback(C.ThreeLC()))
 
 
 def test_single_process_applies_the_decoded_gradient(rng):

@@ -19,12 +19,14 @@ compressed by the main codec: they travel in the fused message encoded by
 `small_compression` (float16 by default; None sends them as they are), and are
 all-reduced as they are under all-reduce strategies.
 """
+import warnings
+
 import tensorflow as tf
 
 from tfgc import codecs
 from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable
-from tfgc.memory import feedback_step
+from tfgc.memory import ErrorFeedback, feedback_step
 from tfgc.variables import PulledVariable
 from tfgc.wire import ParameterServerPull, choose_wire
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
@@ -78,6 +80,10 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     """
     import tf_keras
 
+    if isinstance(optimizer, CompressingBase):
+        raise TypeError(
+            f"{type(optimizer).__name__} is already a DistributedOptimizer; wrap the inner "
+            "optimizer once")
     if isinstance(optimizer, tf_keras.optimizers.Optimizer):
         make_class = distributed_class
     elif type(optimizer).__module__.startswith("keras"):
@@ -95,6 +101,11 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
             raise TypeError(f"{what} must be a tfgc codec, got {type(codec).__name__}")
     if compression is None:
         raise TypeError("compression must be a tfgc codec, got None")
+    if isinstance(compression, ErrorFeedback) and error_feedback:
+        warnings.warn(
+            "compression=ErrorFeedback(...) with error_feedback=True keeps two residuals "
+            "per variable; pass the bare codec (the optimizer keeps the residuals) or "
+            "error_feedback=False", stacklevel=2)
     config = optimizer.get_config()
     config.update(
         compression=compression, pull_compression=pull_compression,
@@ -176,6 +187,12 @@ class CompressingBase:
     def _build_compression(self, var_list):
         """Creates the traffic counters, bound codecs and residuals of `var_list`."""
         if self._traffic is None:
+            if var_list and not any(self.compresses(v) for v in var_list):
+                warnings.warn(
+                    f"no variable has min_elements={self.min_elements} elements or more: "
+                    f"{self.compression.name} compresses nothing (the largest has "
+                    f"{max(v.shape.num_elements() or 0 for v in var_list)}); lower "
+                    "min_elements to compress them", stacklevel=3)
             self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
             self._traffic = {
                 d: _counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
