@@ -106,6 +106,26 @@ def results_table(summaries):
     return "\n".join(lines)
 
 
+def speedup_limits(summaries):
+    """Lines saying how close each emulated-link speedup came to what the machine
+    allows: no run can step faster than the same run's steps on loopback (compute)."""
+    loopback = {s["compression"]: s for s in summaries if s["link"] == "loopback"}
+    fp32 = summaries[0]["compression"]
+    lines = []
+    for s in summaries:
+        if s["link"] == "loopback" or s["compression"] == fp32 or s["compression"] not in loopback:
+            continue
+        base = next(b for b in summaries if b["link"] == s["link"] and b["compression"] == fp32)
+        speedup = base["step_time_s"] / s["step_time_s"]
+        own_limit = base["step_time_s"] / loopback[s["compression"]]["step_time_s"]
+        fp32_limit = base["step_time_s"] / loopback[fp32]["step_time_s"]
+        lines.append(
+            f"{s['link']}, {s['compression']}: {speedup:.1f}x faster steps than fp32; at most "
+            f"{own_limit:.1f}x with this codec's own loopback step time ({speedup / own_limit:.0%} "
+            f"of it), {fp32_limit:.1f}x if compression cost no compute ({speedup / fp32_limit:.0%}).")
+    return lines
+
+
 def describe_dataset(summary):
     text = f"{summary['dataset']} ({summary['train_examples']} training / " \
            f"{summary['test_examples']} test images)"
@@ -177,7 +197,9 @@ def main(argv=None):
         "time = wall time of the run's training." + (f"\n{link_note}" if link_note else "")
     )
     table = results_table(summaries)
-    text = f"{header}\n\n{table}\n"
+    limits = speedup_limits(summaries)
+    text = f"{header}\n\n{table}\n" + "".join(f"\n{line}" for line in limits) + (
+        "\n" if limits else "")
     print("\n" + text)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)

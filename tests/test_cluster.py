@@ -565,3 +565,27 @@ def test_task_traffic_resolves_host_names(monkeypatch):
     config = {"cluster": {"worker": ["localhost:40324", "localhost:40325"]},
               "task": {"type": "worker", "index": 0}}
     assert cluster.task_traffic(config) == {("worker", 1): {"sent": 1234, "received": 99}}
+
+
+def test_task_traffic_reads_again_when_ss_misses_an_owner(monkeypatch):
+    # This process (port 40324) was dialled by the task at 40325 from port 50000. The
+    # first readings do not name the dialling process: rather than leave the
+    # connection out (its whole history would then count in a later difference),
+    # task_traffic reads again.
+    me = os.getpid()
+    mine = (f"0 0 127.0.0.1:40324 127.0.0.1:50000 users:((\"python\",pid={me},fd=4))\n"
+            "\t bytes_acked:700 bytes_received:5\n")
+    theirs = "0 0 127.0.0.1:50000 127.0.0.1:40324{users}\n\t bytes_acked:5\n"
+    named = theirs.format(users=' users:(("python",pid=22,fd=5))')
+    listening = ("LISTEN 0 4096 *:40325 *:* users:((\"python\",pid=22,fd=7))\n"
+                 f"LISTEN 0 4096 *:40324 *:* users:((\"python\",pid={me},fd=7))\n")
+    established = iter([mine + theirs.format(users="")] * 3 + [mine + named] * 20)
+    monkeypatch.setattr(cluster, "_run_ss",
+                        lambda args: listening if "-l" in args else next(established))
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    config = {"cluster": {"worker": ["127.0.0.1:40324", "127.0.0.1:40325"]}}
+    assert cluster.task_traffic(config) == {("worker", 1): {"sent": 700, "received": 5}}
+
+    established = iter([mine + theirs.format(users="")] * 100)
+    with pytest.raises(cluster.ClusterError, match="could not tell which task"):
+        cluster.task_traffic(config)

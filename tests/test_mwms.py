@@ -168,3 +168,44 @@ def test_mwms_non_summable_codecs_are_all_gathered_compressed(tmp_path):
             # is what crossed the wire, up to padding and RPC overhead.
             payload_per_step = report[name]["payload"] / 2 / (STEPS + 1)
             assert report[name]["sent"] / STEPS >= payload_per_step, (name, report)
+
+
+DISAGREEING_WORKER = textwrap.dedent(
+    """
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np, tensorflow as tf, tf_keras
+    import tfgc
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = strategy.cluster_resolver.task_id
+    x = np.random.default_rng(index).normal(size=(32, 64)).astype("float32")
+    data = tf_keras.utils.experimental.DatasetCreator(
+        lambda _: tf.data.Dataset.from_tensors((x, x[:, :8])).repeat())
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.layers.Dense(8, input_shape=(64,))])
+        # The workers were started with different codec settings.
+        codec = tfgc.codecs.FastSGD(base=1.1 if index == 0 else 1.5)
+        model.compile(tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), codec,
+                                                min_elements=1), "mse")
+    model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
+    print("TRAINED", flush=True)
+    """
+)
+
+
+def test_mwms_workers_with_different_codec_settings_stop_at_once(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(DISAGREEING_WORKER)
+    c = cluster.LocalCluster(num_ps=0, num_workers=2, log_dir=tmp_path / "logs")
+    try:
+        results = c.run_workers([str(script)], timeout_s=240)
+    finally:
+        c.stop()
+    for r in results:
+        assert r.returncode != 0 and "TRAINED" not in r.stdout, (r.returncode, r.stdout)
+    # Before this check the two finished with different weights and exit code 0.
+    said = [r.stderr for r in results if "replicas disagree on their compression" in r.stderr]
+    assert said, [r.stderr[-2000:] for r in results]
+    # Each names its own settings (the error text escapes the JSON's quotes).
+    assert all("FastSGD" in s and "base" in s for s in said), said

@@ -368,15 +368,36 @@ def task_traffic(tf_config=None):
         if "TF_CONFIG" not in os.environ:
             raise ClusterError("task_traffic() needs TF_CONFIG (or a tf_config argument)")
         tf_config = json.loads(os.environ["TF_CONFIG"])
-    me = os.getpid()
     tasks = {}  # (host, port) -> (job, index)
     for job, addresses in tf_config["cluster"].items():
         for index, address in enumerate(addresses):
             host, port = address.rsplit(":", 1)
             tasks[(_numeric_host(host.strip("[]")), int(port))] = (job, index)
+    # `ss` now and then lists a socket without its owner's pid; read again rather than
+    # leave a connection out (which would add its whole history to a difference).
+    for attempt in range(_ATTRIBUTION_ATTEMPTS):
+        traffic, unknown = _traffic_of(os.getpid(), tasks)
+        if not unknown:
+            return traffic
+        time.sleep(0.05 * (attempt + 1))
+    raise ClusterError(
+        f"could not tell which task is at the other end of {len(unknown)} connection(s) "
+        f"to this task ({unknown[:3]}): `ss -p` did not name their processes")
+
+
+_ATTRIBUTION_ATTEMPTS = 5
+
+
+def _traffic_of(me, tasks):
+    """({task: {"sent", "received"}}, [connections of a task address whose peer task is
+    unknown]) for process `me`, from one reading of `ss`.
+
+    A connection whose peer end is a task's address (this process dialled it) belongs to
+    that task. One whose local end is a task's address (it dialled this process) belongs
+    to the task whose process owns the other end; tasks on hosts of their own
+    (bandwidth emulation) are known by the peer's host alone.
+    """
     hosts = {host for host, _ in tasks}
-    # Tasks on hosts of their own (bandwidth emulation) are known by the peer address;
-    # tasks that share 127.0.0.1 by the pid that listens on their port.
     unique = {h for h in hosts if sum(1 for t in tasks if t[0] == h) == 1}
     task_of_pid = {}
     if hosts - unique:
@@ -386,20 +407,25 @@ def task_traffic(tf_config=None):
                     task_of_pid[s["pid"]] = task
     sockets = _ss_sockets(["-i", "state", "established"])
     owner = {(s["local"], s["peer"]): s["pid"] for s in sockets}
-    traffic = {}
+    traffic, unknown = {}, []
     for s in sockets:
         if s["pid"] != me or s["peer"][0] not in hosts:
             continue
         if s["peer"][0] in unique:
             peer = next(t for a, t in tasks.items() if a[0] == s["peer"][0])
-        else:
+        elif s["peer"] in tasks:
+            peer = tasks[s["peer"]]
+        elif s["local"] in tasks:
             peer = task_of_pid.get(owner.get((s["peer"], s["local"])))
-        if peer is None:
-            continue
+            if peer is None:
+                unknown.append((s["local"], s["peer"]))
+                continue
+        else:
+            continue  # neither end is a task's address: not a connection of the cluster
         entry = traffic.setdefault(peer, {"sent": 0, "received": 0})
         entry["sent"] += s["bytes_acked"]
         entry["received"] += s["bytes_received"]
-    return traffic
+    return traffic, unknown
 
 
 # --- bandwidth emulation --------------------------------------------------------------

@@ -19,6 +19,7 @@ compressed by the main codec: they travel in the fused message encoded by
 `small_compression` (float16 by default; None sends them as they are), and are
 all-reduced as they are under all-reduce strategies.
 """
+import json
 import warnings
 
 import tensorflow as tf
@@ -150,6 +151,7 @@ class CompressingBase:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
         self._residuals = {}
+        self._settings = None  # see wire_settings
         self._codecs = {}  # the codec bound to each compressed variable, by key
         # Per direction, a [2, variables + 1] int64 counter: payload bytes and dense
         # bytes per variable (the last column: variables built later). One update per
@@ -176,6 +178,14 @@ class CompressingBase:
         )
         return config
 
+    def wire_settings(self):
+        """What every replica must agree on for compressed updates to stay in step (a
+        JSON string, read when the optimizer is built)."""
+        if self._settings is None:
+            self._settings = json.dumps(self._compression_config({}), sort_keys=True,
+                                        default=str)
+        return self._settings
+
     def compresses(self, variable):
         """True when `variable`'s gradients are compressed."""
         return (
@@ -186,6 +196,7 @@ class CompressingBase:
 
     def _build_compression(self, var_list):
         """Creates the traffic counters, bound codecs and residuals of `var_list`."""
+        self.wire_settings()  # eagerly: a codec's config may read a variable
         if self._traffic is None:
             if var_list and not any(self.compresses(v) for v in var_list):
                 warnings.warn(

@@ -9,6 +9,7 @@ feedback), `wire_codec(variable)` is the codec that decodes it, and
 """
 import abc
 import contextlib
+import hashlib
 
 import tensorflow as tf
 
@@ -102,12 +103,14 @@ class AllReduceWire(Wire):
     def __init__(self, sender, bucket_bytes=DEFAULT_BUCKET_BYTES):
         super().__init__(sender)
         self.bucket_bytes = int(bucket_bytes)
+        self.settings = sender.wire_settings()
 
     def send(self, grads_and_vars):
         context = tf.distribute.get_replica_context()
         received = [gradient for gradient, _ in grads_and_vars]
         nbytes = {}
-        summed, gathered = [], []  # (position, payload or None for a raw gradient)
+        fingerprint = {"values": tf.constant(_fingerprint(self.settings), tf.float32)}
+        summed, gathered = [(None, fingerprint)], []  # (position, payload)
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is None:
                 continue
@@ -126,7 +129,9 @@ class AllReduceWire(Wire):
                 nbytes[position] = base.payload_nbytes(payload)
             else:
                 gathered.append((position, payload))
-        for position, payload in self._all_reduce(context, summed):
+        (_, fingerprints), *summed = self._all_reduce(context, summed)
+        check = self._check_agreement(context, fingerprints["values"])
+        for position, payload in summed:
             variable = grads_and_vars[position][1]
             codec = self.sender.wire_codec(variable)
             received[position] = (payload["values"] if not self.sender.compresses(variable)
@@ -134,8 +139,21 @@ class AllReduceWire(Wire):
         for bucket in self._buckets(gathered, grads_and_vars):
             for position, total, count in self._all_gather(context, bucket, grads_and_vars):
                 received[position], nbytes[position] = total, count
+        with tf.control_dependencies([check]):
+            received = [g if g is None else tf.identity(g) for g in received]
         pairs = list(zip(received, (v for _, v in grads_and_vars)))
         return pairs, [(grads_and_vars[p][1], nbytes[p]) for p in sorted(nbytes)]
+
+    def _check_agreement(self, context, summed):
+        """An op failing unless every replica's settings fingerprint is this one's."""
+        mean = summed / context.num_replicas_in_sync
+        own = tf.constant(_fingerprint(self.settings), tf.float32)
+        # Distinct fingerprints differ by >= 2**-12, so some replica's differs from the
+        # mean by >= 2**-12 / replicas; float32 sums of equal ones are exact.
+        return tf.debugging.Assert(
+            tf.reduce_all(tf.abs(mean - own) < 2.0**-20),
+            [f"replicas disagree on their compression settings; this one's are "
+             f"{self.settings}: give every worker the same DistributedOptimizer"])
 
     def _all_reduce(self, context, summed):
         """Sums the floating entries of `summed`'s payloads across replicas, one
@@ -180,6 +198,12 @@ class AllReduceWire(Wire):
                 totals[i] = decoded if totals[i] is None else totals[i] + decoded
         return [(position, total, share)
                 for (position, _), total, share in zip(bucket, totals, shares)]
+
+
+def _fingerprint(settings):
+    """Two 12-bit hashes of `settings` (a string) as floats in [0, 1)."""
+    digest = hashlib.sha256(settings.encode()).digest()
+    return [int.from_bytes(digest[i:i + 2], "little") % 4096 / 4096 for i in (0, 2)]
 
 
 def choose_wire(sender, strategy, aggregate, bucket_bytes=DEFAULT_BUCKET_BYTES):
