@@ -311,3 +311,37 @@ def test_all_reduce_packs_gradients_into_buckets(run_report):
     assert report["threelc-one"]["gather"] == 2 * 6 and report["threelc-one"]["reduce"] == 2
     for run in report.values():
         assert run["error"] < 1e-5, report
+
+
+EAGER_MIRRORED_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tf_keras, tfgc
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.default_rng(0)
+    # Different scales: the replicas' ThreeLC messages differ in length.
+    grads = [rng.normal(size=[50, 40]).astype(np.float32) * (1 + 5 * r) for r in range(2)]
+    codec = tfgc.codecs.ThreeLC(1.0)
+    with strategy.scope():
+        var = tf.Variable(np.zeros([50, 40], np.float32))
+        opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=codec)
+        opt.build([var])
+
+    def replica_fn():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        opt.apply_gradients([(tf.gather(tf.constant(np.stack(grads)), r), var)])
+
+    strategy.run(replica_fn)  # eagerly: no tf.function
+    expected = -sum(codec.decode(codec.encode(g)).numpy() for g in grads)
+    print("REPORT", float(np.abs(np.asarray(var.numpy()) - expected).max()))
+    """
+)
+
+
+@pytest.mark.slow
+def test_eager_mirrored_gathers_messages_of_different_lengths(run_python):
+    line = next(l for l in run_python(EAGER_MIRRORED_SCRIPT, timeout=300).splitlines()
+                if l.startswith("REPORT"))
+    assert float(line.split()[1]) == 0.0

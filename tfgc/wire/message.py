@@ -14,7 +14,7 @@ same trace. So the message carries no shapes, no dtypes and no keys:
 
 Entries whose value is known when the step is traced (a static shape, a dtype marker)
 are not sent at all: the receiver's graph holds the same constant (run eagerly, only
-empty entries are left out). Fixed-shape entries
+empty entries are left out, and every vector carries its length). Fixed-shape entries
 (a scale) need no length. A message whose size disagrees with the layout and its
 lengths fails with InvalidArgument on the receiver before any entry is read, and the
 receiver allocates nothing beyond the message it holds.
@@ -63,7 +63,9 @@ def _entry(payload_index, key, tensor):
         constant = np.zeros(tensor.shape, tensor.dtype.as_numpy_dtype)
     if constant is not None:
         return Entry(payload_index, key, tensor.dtype, tuple(constant.shape), np.asarray(constant))
-    if tensor.shape.is_fully_defined():
+    # Eagerly every shape is known, but a vector's length may be the data's (another
+    # replica's message has its own): vectors always carry their length.
+    if tensor.shape.is_fully_defined() and not (tf.executing_eagerly() and tensor.shape.rank == 1):
         return Entry(payload_index, key, tensor.dtype, tuple(tensor.shape.as_list()))
     if tensor.shape.rank != 1:
         raise ValueError(
