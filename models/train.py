@@ -168,11 +168,14 @@ def make_optimizer(args, replicas, codec, pull_codec=None):
     inner = tf_keras.optimizers.SGD(schedule, momentum=args.momentum)
     # Unbiased codecs gain nothing from error feedback; the identity has no error.
     feedback = args.error_feedback and not isinstance(codec, StochasticCodec)
-    if isinstance(codec, tfgc.codecs.NoCompression):
+    uncompressed = isinstance(codec, tfgc.codecs.NoCompression)
+    if uncompressed:
         feedback = False
     return tfgc.DistributedOptimizer(
         inner, compression=codec, pull_compression=pull_codec, min_elements=args.min_elements,
         error_feedback=feedback,
+        # The fp32 baseline sends everything in fp32, its small tensors too.
+        small_compression=None if uncompressed else "float16",
     )
 
 

@@ -13,11 +13,12 @@ same trace. So the message carries no shapes, no dtypes and no keys:
               [the bytes of every sent entry, in layout order]
 
 Entries whose value is known when the step is traced (a static shape, a dtype marker)
-are not sent at all: the receiver's graph holds the same constant (run eagerly, only
-empty entries are left out, and every vector carries its length). Fixed-shape entries
-(a scale) need no length. A message whose size disagrees with the layout and its
-lengths fails with InvalidArgument on the receiver before any entry is read, and the
-receiver allocates nothing beyond the message it holds.
+are not sent at all: the receiver's graph holds the same constant (run eagerly,
+nothing is left out but empty entries of rank other than 1, and every vector carries
+its length). Fixed-shape entries (a scale) need no length. A message whose size
+disagrees with the layout and its lengths fails with InvalidArgument on the receiver
+before any entry is read, and the receiver allocates nothing beyond the message it
+holds.
 """
 import dataclasses
 
@@ -59,13 +60,14 @@ def _entry(payload_index, key, tensor):
     tensor = tf.convert_to_tensor(tensor)
     # Eagerly every value is known; only what a traced graph knows is left out.
     constant = None if tf.executing_eagerly() else tf.get_static_value(tensor)
-    if tensor.shape.num_elements() == 0:
+    # Eagerly every shape is known, but a vector's length may be the data's (another
+    # replica's message has its own): vectors always carry their length, even empty.
+    eager_vector = tf.executing_eagerly() and tensor.shape.rank == 1
+    if tensor.shape.num_elements() == 0 and not eager_vector:
         constant = np.zeros(tensor.shape, tensor.dtype.as_numpy_dtype)
     if constant is not None:
         return Entry(payload_index, key, tensor.dtype, tuple(constant.shape), np.asarray(constant))
-    # Eagerly every shape is known, but a vector's length may be the data's (another
-    # replica's message has its own): vectors always carry their length.
-    if tensor.shape.is_fully_defined() and not (tf.executing_eagerly() and tensor.shape.rank == 1):
+    if tensor.shape.is_fully_defined() and not eager_vector:
         return Entry(payload_index, key, tensor.dtype, tuple(tensor.shape.as_list()))
     if tensor.shape.rank != 1:
         raise ValueError(
