@@ -224,6 +224,9 @@ def test_fastsgd_rejects_bad_arguments():
         C.FastSGD(threshold=129)
     with pytest.raises(ValueError, match="flag_bits"):
         C.FastSGD(flag_bits=6)
+    with pytest.raises(ValueError, match="FastSGD flag_bits"):  # not truncated to 2
+        C.FastSGD(flag_bits=2.7)
+    assert C.FastSGD(flag_bits=2.0).flag_bits == 2
 
 
 def test_one_bit_values_minimize_squared_error(rng):

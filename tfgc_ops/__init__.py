@@ -12,7 +12,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["zero_run_encode", "zero_run_decode", "pack_keys", "unpack_keys", "library_path"]
+__all__ = ["zero_run_encode", "zero_run_decode", "pack_keys", "unpack_keys", "check_flag_bits",
+           "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
@@ -90,12 +91,17 @@ def _as_bytes(data, what):
     return tf.convert_to_tensor(array.astype(np.uint8))
 
 
-def _flag_bits(flag_bits):
-    """`flag_bits` as an int in 1..5; a fraction or a bool is refused, not truncated."""
-    if isinstance(flag_bits, bool) or not isinstance(flag_bits, (int, float, np.integer, np.floating)):
-        raise ValueError(f"flag_bits must be an integer in [1, 5], got {flag_bits!r}")
-    if flag_bits != int(flag_bits) or not MIN_FLAG_BITS <= int(flag_bits) <= MAX_FLAG_BITS:
-        raise ValueError(f"flag_bits must be an integer in [1, 5], got {flag_bits!r}")
+def check_flag_bits(flag_bits, what="flag_bits"):
+    """`flag_bits` as an int in 1..5; a fraction or a bool is refused, not truncated.
+
+    Raises:
+      ValueError: naming `what`, when `flag_bits` is not an integer in 1..5.
+    """
+    integral = (not isinstance(flag_bits, bool)
+                and isinstance(flag_bits, (int, float, np.integer, np.floating))
+                and flag_bits == int(flag_bits))
+    if not integral or not MIN_FLAG_BITS <= int(flag_bits) <= MAX_FLAG_BITS:
+        raise ValueError(f"{what} must be an integer in [1, 5], got {flag_bits!r}")
     return int(flag_bits)
 
 
@@ -146,7 +152,7 @@ def pack_keys(keys, flag_bits=2):
       ValueError: flag_bits is not an integer in 1..5.
       tf.errors.InvalidArgumentError: keys are negative, not strictly increasing, or not 1-D.
     """
-    flag_bits = _flag_bits(flag_bits)
+    flag_bits = check_flag_bits(flag_bits)
     keys = tf.convert_to_tensor(keys)
     if keys.dtype not in (tf.int32, tf.int64):
         raise TypeError(f"keys must be int32 or int64, got {keys.dtype.name}")

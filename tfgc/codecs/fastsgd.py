@@ -38,13 +38,12 @@ class FastSGD(base.Codec):
     accepts_indexed_slices = True
 
     def __init__(self, base=1.1, threshold=MAX_THRESHOLD, flag_bits=2):
-        base, threshold, flag_bits = float(base), int(threshold), int(flag_bits)
+        base, threshold = float(base), int(threshold)
+        flag_bits = tfgc_ops.check_flag_bits(flag_bits, "FastSGD flag_bits")
         if not base > 1.0:
             raise ValueError(f"FastSGD base must be > 1, got {base}")
         if not 1 <= threshold <= MAX_THRESHOLD:
             raise ValueError(f"FastSGD threshold must be in [1, {MAX_THRESHOLD}], got {threshold}")
-        if not tfgc_ops.MIN_FLAG_BITS <= flag_bits <= tfgc_ops.MAX_FLAG_BITS:
-            raise ValueError(f"FastSGD flag_bits must be in [1, 5], got {flag_bits}")
         self.base, self.threshold, self.flag_bits = base, threshold, flag_bits
 
     def get_config(self):

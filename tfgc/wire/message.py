@@ -110,7 +110,8 @@ class Layout:
         self.num_payloads = int(num_payloads)
         self._variable = [e for e in self.entries if e.sent and e.shape is None]
         self.header_nbytes = _LENGTH_BYTES * len(self._variable)
-        self.fixed_nbytes = sum(e.fixed_nbytes for e in self.entries if e.sent and e.shape is not None)
+        self.fixed_nbytes = sum(
+            e.fixed_nbytes for e in self.entries if e.sent and e.shape is not None)
 
     @classmethod
     def pack(cls, payloads):
@@ -140,20 +141,6 @@ class Layout:
             return tf.zeros([0], tf.int64)
         return tf.cast(from_bytes(header, tf.uint32), tf.int64)
 
-    def _check_eagerly(self, message, name):
-        size = int(message.shape[0])
-        if size < self.header_nbytes + self.fixed_nbytes:
-            raise tf.errors.InvalidArgumentError(
-                None, None, f"{name}: {size} bytes, shorter than its layout "
-                            f"({self.header_nbytes + self.fixed_nbytes} at least)")
-        lengths = self._lengths(message[: self.header_nbytes]).numpy()
-        declared = self.header_nbytes + self.fixed_nbytes + sum(
-            int(n) * e.dtype.size for n, e in zip(lengths, self._variable))
-        if size != declared:
-            raise tf.errors.InvalidArgumentError(
-                None, None, f"{name}: its size does not match its layout "
-                            f"({size} bytes, {declared} declared)")
-
     def payload_nbytes(self, payloads):
         """Bytes of the message that each payload accounts for (its sent entries and
         their length words), as int64 scalars; they add up to the message's size."""
@@ -174,15 +161,13 @@ class Layout:
 
         The checks are bare Assert ops with a string message: a `tf.debugging.assert_*`
         with tensor data becomes a cond, and a cond whose inputs sit on two devices
-        sends several small tensors across, every step.
+        sends several small tensors across, every step. Eagerly they fail at once.
 
         Raises:
           tf.errors.InvalidArgumentError: the message's size does not match the layout
             and the lengths it declares (when run; the error names `name`).
         """
         message = tf.convert_to_tensor(message, tf.uint8)
-        if tf.executing_eagerly():
-            self._check_eagerly(message, name)
         size = tf.size(message, out_type=tf.int64)
         fits_header = tf.debugging.Assert(
             size >= self.header_nbytes + self.fixed_nbytes,

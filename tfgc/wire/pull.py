@@ -64,7 +64,8 @@ class ParameterServerPull:
     def snapshots_of(self, variable):
         """`variable`'s rows of the snapshot buffer, [workers, *shape]."""
         i = next(i for i, member in enumerate(self.variables) if member is variable)
-        rows = tf.convert_to_tensor(self.snapshots)[:, self._offsets[i]:self._offsets[i] + self._sizes[i]]
+        start, end = self._offsets[i], self._offsets[i] + self._sizes[i]
+        rows = tf.convert_to_tensor(self.snapshots)[:, start:end]
         return tf.reshape(rows, [-1] + variable.master.shape.as_list())
 
     def pull_op(self, graph):
@@ -92,17 +93,16 @@ class ParameterServerPull:
             [f"pull message from {self.device}: full section of the wrong size"])
         with tf.control_dependencies([full_size]):
             full = tf.identity(full)
-        updates, offset = [], 0
-        for variable, codec, payload, cache in zip(self.variables, self.codecs, payloads, caches):
+        updates, width = [], self.dtype.size
+        for variable, codec, payload, cache, offset, size in zip(
+                self.variables, self.codecs, payloads, caches, self._offsets, self._sizes):
             master = variable.master
             current = gen_resource_variable_ops.read_variable_op(cache, master.dtype)
             delta = codec.decode(payload)  # outside the cond: see tfgc.variables
 
-            def full_value(offset=offset, master=master):
-                data = full[offset:offset + dense_nbytes(master)]
-                return tf.reshape(from_bytes(data, master.dtype), master.shape)
+            def full_value(start=offset * width, end=(offset + size) * width, master=master):
+                return tf.reshape(from_bytes(full[start:end], master.dtype), master.shape)
 
-            offset += dense_nbytes(master)
             new = tf.cond(synced, lambda current=current, delta=delta: current + delta, full_value)
             updates.append(gen_resource_variable_ops.assign_variable_op(cache, new))
         with tf.control_dependencies(updates):
@@ -113,14 +113,13 @@ class ParameterServerPull:
 
     def _counted(self, layout, payloads, full, synced):
         """[(master, bytes of the message it accounts for)]: its payload, and its dense
-        bytes on a full pull; the full section's length word goes to the first."""
-        counted = layout.payload_nbytes(payloads + [{"full": full}])
-        rows = []
-        for i, variable in enumerate(self.variables):
-            dense = tf.constant(dense_nbytes(variable.master), tf.int64)
-            nbytes = counted[i] + tf.where(synced, tf.constant(0, tf.int64), dense)
-            rows.append((variable.master, nbytes + (4 if i == 0 else 0)))
-        return rows
+        bytes on a full pull; what the full section costs beyond those (its length
+        word) goes to the first."""
+        *counted, full_share = layout.payload_nbytes(payloads + [{"full": full}])
+        counted[0] += full_share - tf.size(full, out_type=tf.int64)
+        full_pull = tf.where(synced, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
+        return [(v.master, nbytes + full_pull * dense_nbytes(v.master))
+                for nbytes, v in zip(counted, self.variables)]
 
     def _serve(self, state):
         """The server's side: encodes every delta and updates the snapshots (stateful

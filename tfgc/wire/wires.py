@@ -104,12 +104,13 @@ class AllReduceWire(Wire):
         super().__init__(sender)
         self.bucket_bytes = int(bucket_bytes)
         self.settings = sender.wire_settings()
+        self._fingerprint = _fingerprint(self.settings)
 
     def send(self, grads_and_vars):
         context = tf.distribute.get_replica_context()
         received = [gradient for gradient, _ in grads_and_vars]
         nbytes = {}
-        fingerprint = {"values": tf.constant(_fingerprint(self.settings), tf.float32)}
+        fingerprint = {"values": tf.constant(self._fingerprint, tf.float32)}
         summed, gathered = [(None, fingerprint)], []  # (position, payload)
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is None:
@@ -147,7 +148,7 @@ class AllReduceWire(Wire):
     def _check_agreement(self, context, summed):
         """An op failing unless every replica's settings fingerprint is this one's."""
         mean = summed / context.num_replicas_in_sync
-        own = tf.constant(_fingerprint(self.settings), tf.float32)
+        own = tf.constant(self._fingerprint, tf.float32)
         # Distinct fingerprints differ by >= 2**-12, so some replica's differs from the
         # mean by >= 2**-12 / replicas; float32 sums of equal ones are exact.
         return tf.debugging.Assert(
