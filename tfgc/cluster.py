@@ -317,20 +317,28 @@ def _ss_listing(extra_args, netns=None):
     return sockets
 
 
-def _label_sockets(sockets, task_of_pid, hosts):
-    """Rows {local_pid, local_job, local_index, peer_job, peer_index, bytes_*}.
+def _label_sockets(sockets, task_of_pid, task_addresses):
+    """(rows {local_pid, local_job, local_index, peer_job, peer_index, bytes_*}, [unknown]).
 
     A connection between two tasks appears once from each end. The peer of a socket is
     found by the reverse endpoint pair ((peer, local) is the other end's (local, peer)),
     which names its owning pid; sockets with an end outside the cluster are left out.
+    `unknown` lists the connections to a task's server address (`task_addresses`, a set
+    of (host, port)) whose owner at either end `ss` did not name: leaving one out would
+    take its whole history out of a difference of two readings.
     """
+    hosts = {host for host, _ in task_addresses}
     sockets = [s for s in sockets if s["local"][0] in hosts and s["peer"][0] in hosts]
     owner = {(s["local"], s["peer"]): s["pid"] for s in sockets}
-    rows = []
+    rows, unknown = [], []
     for s in sockets:
+        peer_pid = owner.get((s["peer"], s["local"]))
         local = task_of_pid.get(s["pid"])
-        peer = task_of_pid.get(owner.get((s["peer"], s["local"])))
+        peer = task_of_pid.get(peer_pid)
         if local is None or peer is None:
+            if None in (s["pid"], peer_pid) and (
+                    s["local"] in task_addresses or s["peer"] in task_addresses):
+                unknown.append((s["local"], s["peer"]))
             continue
         rows.append(
             {
@@ -344,7 +352,7 @@ def _label_sockets(sockets, task_of_pid, hosts):
                 "bytes_sent": s["bytes_sent"],
             }
         )
-    return rows
+    return rows, unknown
 
 
 def task_traffic(tf_config=None):
@@ -1188,8 +1196,14 @@ class LocalCluster:
                     tasks[pid] = (job, index)
         return tasks
 
-    def _cluster_hosts(self):
-        return {a.rsplit(":", 1)[0] for addrs in self._addresses.values() for a in addrs}
+    def _task_addresses(self):
+        """{(numeric host, port)} of every task's server."""
+        addresses = set()
+        for addrs in self._addresses.values():
+            for address in addrs:
+                host, port = address.rsplit(":", 1)
+                addresses.add((_numeric_host(host.strip("[]")), int(port)))
+        return addresses
 
     def socket_bytes(self, chief_pid=None):
         """Exact TCP byte counters of every connection between two cluster processes.
@@ -1214,11 +1228,20 @@ class LocalCluster:
         """
         self._require_started()
         args = ["-i", "state", "established"]
-        sockets = _ss_sockets(args)
-        if self._net is not None:
-            for ns in self._net.namespaces.values():
-                sockets += _ss_sockets(args, netns=ns)
-        return _label_sockets(sockets, self._tasks_by_pid(chief_pid), self._cluster_hosts())
+        task_of_pid = self._tasks_by_pid(chief_pid)
+        addresses = self._task_addresses()
+        for attempt in range(_ATTRIBUTION_ATTEMPTS):
+            sockets = _ss_sockets(args)
+            if self._net is not None:
+                for ns in self._net.namespaces.values():
+                    sockets += _ss_sockets(args, netns=ns)
+            rows, unknown = _label_sockets(sockets, task_of_pid, addresses)
+            if not unknown:
+                return rows
+            time.sleep(0.05 * (attempt + 1))  # `ss -p` missed an owner: read again
+        raise ClusterError(
+            f"could not tell which processes own {len(unknown)} connection(s) between "
+            f"cluster tasks ({unknown[:3]}): `ss -p` did not name them")
 
     def traffic_between(self, src_job, dst_job, chief_pid=None, rows=None):
         """Total bytes sent from the tasks of `src_job` to the tasks of `dst_job`.
