@@ -32,8 +32,10 @@ demo: install apt-index
 codec-demo: install apt-index
 	$(PY) -m models.codec_demo
 
+# The suite starts real clusters: it runs in a private network namespace (loopback
+# only), so no task it starts can be reached from another host.
 test: install apt-index
-	$(PY) -m pytest -q
+	$(PY) -m tfgc.cluster.private $(PY) -m pytest -q
 
 test-fast: install
 	$(PY) -m pytest -q -m "not cluster and not slow"

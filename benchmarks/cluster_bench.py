@@ -222,6 +222,7 @@ def main(argv=None):
 
     from tfgc import cluster
 
+    cluster.isolate()  # the clusters it starts stay unreachable from other hosts
     results = []
     for item in args.bandwidths.split(","):
         bandwidth = None if item.strip() in ("", "none", "loopback") else item.strip()

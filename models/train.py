@@ -610,6 +610,11 @@ def main(argv=None):
     args.out = os.path.abspath(args.out or os.path.join("runs", args.name))
     if args.bandwidth and args.strategy != "ps":
         parser.error("--bandwidth applies to --strategy ps")
+    if args.strategy != "local" and not args.tf_config and not args._worker:
+        # This process starts a local cluster: keep it unreachable from other hosts.
+        from tfgc import cluster
+
+        cluster.isolate()
     # A SIGTERM becomes a normal exit, so clusters and workers are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.tf_config:

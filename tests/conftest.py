@@ -47,3 +47,13 @@ def run_report(run_python):
         return json.loads(lines[-1][len(REPORT_PREFIX):])
 
     return run
+
+
+def pytest_report_header(config):
+    from tfgc.cluster import isolation
+
+    if not isolation.in_private_network():
+        return ("tfgc: the cluster tests' servers will listen in this machine's network "
+                "namespace; `make test` runs the suite in a private one "
+                "(python -m tfgc.cluster.private python -m pytest)")
+    return None

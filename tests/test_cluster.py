@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tfgc import cluster
+from tfgc.cluster import local, netem, processes, sockets
 
 pytestmark = pytest.mark.cluster
 
@@ -168,7 +169,7 @@ def test_failing_task_raises_with_log_tail_and_leaves_nothing(tmp_path):
     # with a "Fatal Python error" on stderr: a real crash, written to the task's log.
     env = {"PYTHONHOME": str(tmp_path / "no-python-here")}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cluster.subprocess, "Popen", recording_popen)
+        mp.setattr(local.subprocess, "Popen", recording_popen)
         with pytest.raises(cluster.ClusterError) as info:
             with cluster.LocalCluster(num_ps=1, num_workers=1, env=env, log_dir=tmp_path):
                 pytest.fail("the cluster should not have started")
@@ -192,7 +193,7 @@ def test_server_watchdog_exits_when_parent_is_wrong_or_time_is_up():
     # `python -m tfgc._server` imports tfgc (and TensorFlow) before main() starts, so
     # both run at once to keep the test short. Each gets a port it can serve on, so
     # only its watchdog can end it.
-    ports = cluster._reserve_ports(2)
+    ports = processes.reserve_ports(2)
     runs = {
         # Not our parent (pid 1 is never the parent of a process started here).
         "orphan": server(ports[0], parent_pid=1, timeout=60),
@@ -240,7 +241,7 @@ def test_port_taken_before_bind_is_retried_on_fresh_ports(monkeypatch):
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     taken = blocker.getsockname()[1]
-    real_reserve = cluster._reserve_ports
+    real_reserve = processes.reserve_ports
     calls = []
 
     def reserve(count):
@@ -250,7 +251,7 @@ def test_port_taken_before_bind_is_retried_on_fresh_ports(monkeypatch):
         calls.append(ports)
         return ports
 
-    monkeypatch.setattr(cluster, "_reserve_ports", reserve)
+    monkeypatch.setattr(local, "reserve_ports", reserve)
     try:
         with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=120) as c:
             assert len(calls) == 2
@@ -309,29 +310,49 @@ def test_ss_output_parsing(monkeypatch):
         "0 0 10.0.0.2:22 10.0.0.9:5000 users:((\"sshd\",pid=33,fd=3))\n"
         "\t cubic bytes_acked:5 bytes_received:7\n"
     )
-    monkeypatch.setattr(cluster, "_run_ss", lambda args: output)
-    sockets = cluster._ss_sockets(["-i", "state", "established"])
-    assert sockets[0] == {"local": ("127.0.0.1", 53592), "peer": ("127.0.0.1", 40325), "pid": 11,
+    monkeypatch.setattr(sockets, "run_ss", lambda args: output)
+    listed = sockets.ss_sockets(["-i", "state", "established"])
+    assert listed[0] == {"local": ("127.0.0.1", 53592), "peer": ("127.0.0.1", 40325), "pid": 11,
                           "bytes_sent": 1000, "bytes_acked": 1001, "bytes_received": 0}
-    assert sockets[1]["local"] == ("127.0.0.1", 40325) and sockets[1]["pid"] == 22
-    assert sockets[1]["bytes_received"] == 1000
-    assert sockets[2]["local"] == ("10.0.0.2", 22)
+    assert listed[1]["local"] == ("127.0.0.1", 40325) and listed[1]["pid"] == 22
+    assert listed[1]["bytes_received"] == 1000
+    assert listed[2]["local"] == ("10.0.0.2", 22)
 
     listening = "LISTEN 0 4096 *:40325 *:* users:((\"python\",pid=22,fd=7))\n"
-    monkeypatch.setattr(cluster, "_run_ss", lambda args: listening)
-    assert cluster._ss_sockets(["-l"]) == [{"local": ("*", 40325), "peer": ("*", None), "pid": 22,
+    monkeypatch.setattr(sockets, "run_ss", lambda args: listening)
+    assert sockets.ss_sockets(["-l"]) == [{"local": ("*", 40325), "peer": ("*", None), "pid": 22,
                                             "bytes_sent": 0, "bytes_acked": 0, "bytes_received": 0}]
 
     # socket_bytes pairs the two ends of a connection by their ports and names the jobs.
     c = cluster.LocalCluster(num_ps=1, num_workers=1)
     c._addresses = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:40325"], "worker": ["127.0.0.1:2"]}
     c._pids = {"ps": [22], "worker": [44]}
-    monkeypatch.setattr(cluster, "_run_ss", lambda args: output)
+    monkeypatch.setattr(sockets, "run_ss", lambda args: output)
     rows = c.socket_bytes(chief_pid=11)
     assert [(r["local_job"], r["peer_job"], r["bytes_acked"]) for r in rows] == [
         ("chief", "ps", 1001), ("ps", "chief", 0)]
     assert c.traffic_between("chief", "ps", chief_pid=11) == 1001
     assert c.traffic_summary(chief_pid=11) == {("chief", "ps"): 1001, ("ps", "chief"): 0}
+
+
+def test_socket_bytes_reads_again_when_ss_misses_an_owner(monkeypatch):
+    # The ps end of the chief's connection first comes without its owner: leaving the
+    # connection out would take its whole history out of a difference of two readings.
+    chief = ("0 0 127.0.0.1:53592 127.0.0.1:40325 users:((\"python\",pid=11,fd=4))\n"
+             "\t bytes_acked:1001\n")
+    ps_end = "0 0 127.0.0.1:40325 127.0.0.1:53592{users}\n\t bytes_received:1000\n"
+    readings = iter([chief + ps_end.format(users="")] * 6
+                    + [chief + ps_end.format(users=' users:(("python",pid=22,fd=5))')] * 20)
+    monkeypatch.setattr(sockets, "run_ss", lambda args: next(readings))
+    monkeypatch.setattr(sockets.time, "sleep", lambda s: None)
+    c = cluster.LocalCluster(num_ps=1, num_workers=1)
+    c._addresses = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:40325"], "worker": ["127.0.0.1:2"]}
+    c._pids = {"ps": [22], "worker": [44]}
+    assert c.traffic_between("chief", "ps", chief_pid=11) == 1001
+
+    readings = iter([chief + ps_end.format(users="")] * 100)
+    with pytest.raises(cluster.ClusterError, match="could not tell which processes"):
+        c.socket_bytes(chief_pid=11)
 
 
 def test_run_workers_gives_each_worker_its_tf_config(tmp_path):
@@ -443,7 +464,7 @@ print(json.dumps(info))
 def test_bandwidth_emulation_shapes_links_in_private_namespaces(tmp_path):
     script = tmp_path / "throughput.py"
     script.write_text(THROUGHPUT)
-    before_ns = set(cluster._netns_list())
+    before_ns = set(netem.netns_list())
     before_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     with cluster.LocalCluster(num_ps=0, num_workers=2, bandwidth="20mbit") as c:
         addresses = c.addresses["worker"]
@@ -461,7 +482,7 @@ def test_bandwidth_emulation_shapes_links_in_private_namespaces(tmp_path):
     rate = info[0]["received"] * 8 / info[0]["seconds"]
     assert 0.7 * 20e6 < rate < 1.1 * 20e6, rate
     # Everything is gone again.
-    assert set(cluster._netns_list()) == before_ns
+    assert set(netem.netns_list()) == before_ns
     after_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert len(after_links.splitlines()) == len(before_links.splitlines())
 
@@ -486,10 +507,10 @@ def test_bandwidth_emulation_parameter_servers_and_socket_bytes(tmp_path):
             assert c.traffic_between("chief", "ps", rows=rows) == len(preface) + 1  # +SYN
             at_ps = [r for r in rows if (r["local_job"], r["peer_job"]) == ("ps", "chief")]
             assert at_ps and at_ps[0]["bytes_received"] == len(preface)
-        namespaces = [n for n in cluster._netns_list() if n.startswith(f"tfgc-{os.getpid()}-")]
+        namespaces = [n for n in netem.netns_list() if n.startswith(f"tfgc-{os.getpid()}-")]
         assert len(namespaces) == 3  # hub, ps0, worker0
     assert wait_gone(pids, timeout_s=5) == []
-    assert not [n for n in cluster._netns_list() if n.startswith(f"tfgc-{os.getpid()}-")]
+    assert not [n for n in netem.netns_list() if n.startswith(f"tfgc-{os.getpid()}-")]
 
 
 def test_bandwidth_emulation_errors():
@@ -498,12 +519,12 @@ def test_bandwidth_emulation_errors():
     assert cluster.parse_rate("10mbit") == 10e6 and cluster.parse_rate("1gbit") == 1e9
     assert cluster.parse_rate("125kbps") == 1e6
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cluster.os, "geteuid", lambda: 1000)
+        mp.setattr(netem.os, "geteuid", lambda: 1000)
         with pytest.raises(cluster.ClusterError, match="needs root"):
             cluster.LocalCluster(num_ps=0, num_workers=1, bandwidth="10mbit").start()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cluster.os, "geteuid", lambda: 0)
-        mp.setattr(cluster.shutil, "which", lambda tool: None if tool == "tc" else "/x")
+        mp.setattr(netem.os, "geteuid", lambda: 0)
+        mp.setattr(netem.shutil, "which", lambda tool: None if tool == "tc" else "/x")
         with pytest.raises(cluster.ClusterError, match="tc from iproute2"):
             cluster.LocalCluster(num_ps=0, num_workers=1, bandwidth="10mbit").start()
 
@@ -545,10 +566,10 @@ def test_ss_reads_until_two_listings_agree(monkeypatch):
         calls.append(args)
         return next(outputs)
 
-    monkeypatch.setattr(cluster, "_run_ss", run_ss)
-    sockets = cluster._ss_sockets(["-i", "state", "established"])
+    monkeypatch.setattr(sockets, "run_ss", run_ss)
+    listed = sockets.ss_sockets(["-i", "state", "established"])
     assert len(calls) == 3  # first != second; second and the duplicated one agree
-    assert sorted((s["local"][1], s["bytes_acked"]) for s in sockets) == [(5, 10), (7, 99)]
+    assert sorted((s["local"][1], s["bytes_acked"]) for s in listed) == [(5, 10), (7, 99)]
 
 
 def test_task_traffic_resolves_host_names(monkeypatch):
@@ -561,7 +582,7 @@ def test_task_traffic_resolves_host_names(monkeypatch):
         "\t bytes_acked:99 bytes_received:1234\n"
     )
     listening = "LISTEN 0 4096 *:40325 *:* users:((\"python\",pid=22,fd=7))\n"
-    monkeypatch.setattr(cluster, "_run_ss", lambda args: listening if "-l" in args else output)
+    monkeypatch.setattr(sockets, "run_ss", lambda args: listening if "-l" in args else output)
     config = {"cluster": {"worker": ["localhost:40324", "localhost:40325"]},
               "task": {"type": "worker", "index": 0}}
     assert cluster.task_traffic(config) == {("worker", 1): {"sent": 1234, "received": 99}}
@@ -580,9 +601,9 @@ def test_task_traffic_reads_again_when_ss_misses_an_owner(monkeypatch):
     listening = ("LISTEN 0 4096 *:40325 *:* users:((\"python\",pid=22,fd=7))\n"
                  f"LISTEN 0 4096 *:40324 *:* users:((\"python\",pid={me},fd=7))\n")
     established = iter([mine + theirs.format(users="")] * 3 + [mine + named] * 20)
-    monkeypatch.setattr(cluster, "_run_ss",
+    monkeypatch.setattr(sockets, "run_ss",
                         lambda args: listening if "-l" in args else next(established))
-    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sockets.time, "sleep", lambda s: None)
     config = {"cluster": {"worker": ["127.0.0.1:40324", "127.0.0.1:40325"]}}
     assert cluster.task_traffic(config) == {("worker", 1): {"sent": 700, "received": 5}}
 

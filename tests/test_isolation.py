@@ -1,0 +1,191 @@
+"""The clusters tfgc starts are unreachable from other hosts (private network namespaces).
+
+Nothing here sends traffic anywhere but loopback: the checks read socket tables and
+interface lists, of this namespace, of the namespaces the launchers made, and (as
+root) of the machine's own namespace, that of pid 1.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tfgc.cluster import isolation
+
+pytestmark = pytest.mark.skipif(
+    isolation.unavailable() is not None, reason=str(isolation.unavailable()))
+
+# Brings the cluster up through the command line, reports it, and keeps it up until
+# the test has looked at the sockets (it deletes the file named by argv[1]).
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import tensorflow as tf
+    from tfgc.cluster import isolation
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    with strategy.scope():
+        v = tf.Variable(1.0)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    result = coordinator.schedule(tf.function(lambda: v.assign_add(1.0)))
+    coordinator.join()
+    print("UP " + json.dumps({
+        "cluster": config["cluster"], "pid": os.getpid(), "value": float(v.numpy()),
+        "netns": os.readlink("/proc/self/ns/net"), "interfaces": isolation.interfaces(),
+    }), flush=True)
+    deadline = time.monotonic() + 120
+    while os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    """
+)
+
+
+def _interfaces_of(pid):
+    """Interfaces of the network namespace of process `pid` (from /proc/<pid>/net/dev)."""
+    with open(f"/proc/{pid}/net/dev") as f:
+        return sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
+
+
+def _listening(ns_prefix=()):
+    """[(address, port, pid)] of listening TCP sockets, via `ss -H -ltnp`."""
+    out = subprocess.run([*ns_prefix, "ss", "-H", "-ltnp"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        fields = line.split()
+        address, port = fields[3].rsplit(":", 1)
+        pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
+        rows += [(address, int(port), pid) for pid in pids or [None]]
+    return rows
+
+
+def _from_a_public_network(command):
+    """`command`, started where it has a network interface besides loopback to leave.
+
+    Where this test runs in a private namespace already (`make test`), in a new one
+    with a veth pair; elsewhere, here.
+    """
+    if not isolation.in_private_network():
+        return command
+    if shutil.which("ip") is None:
+        pytest.skip("needs `ip` (iproute2) to give the command a namespace with an interface")
+    return [*isolation.unshare_command(), "sh", "-c",
+            'ip link add nic0 type veth peer name nic1 && ip link set nic0 up && exec "$@"',
+            "sh", *command]
+
+
+def _readable_netns(pid):
+    try:
+        os.readlink(f"/proc/{pid}/ns/net")
+        return True
+    except OSError:
+        return False
+
+
+def _task_pids(cluster_pid):
+    """The launcher's child processes (the ps and worker servers)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(cluster_pid)], capture_output=True,
+                         text=True, timeout=30).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_command_line_runs_its_cluster_in_a_private_network(tmp_path):
+    script = tmp_path / "coordinator.py"
+    script.write_text(SCRIPT)
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TFGC_PRIVATE_NETWORK", None)
+    command = [sys.executable, "-m", "tfgc.cluster", "--ps", "1", "--workers", "1",
+               "--timeout", "150", str(script), str(hold)]
+    proc = subprocess.Popen(_from_a_public_network(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        up = None
+        deadline = time.monotonic() + 150
+        for line in proc.stdout:
+            if line.startswith("UP "):
+                up = json.loads(line[3:])
+                break
+            assert time.monotonic() < deadline
+        assert up is not None, proc.stderr.read()[-4000:]
+        assert up["value"] == 2.0  # the coordinator reached its parameter server
+        ports = {int(a.rsplit(":", 1)[1]) for addrs in up["cluster"].values() for a in addrs}
+        pids = [up["pid"], *_task_pids(up["pid"])]
+        assert len(pids) == 3, pids  # the coordinator (same pid after re-exec), ps, worker
+
+        # Every process of the cluster sits in a namespace with loopback only, not ours.
+        assert up["interfaces"] == ["lo"]
+        assert up["netns"] != os.readlink("/proc/self/ns/net")
+        for pid in pids:
+            assert _interfaces_of(pid) == ["lo"], pid
+            assert os.readlink(f"/proc/{pid}/ns/net") == up["netns"], pid
+        # None of them listens where this test's namespace can see it...
+        assert not [row for row in _listening() if row[2] in pids]
+        # ...nor in the machine's own namespace (that of pid 1), where one may look.
+        if _readable_netns(1) and os.geteuid() == 0 and not isolation.in_user_namespace():
+            host = _listening(["nsenter", "--target", "1", "--net"])
+            assert not [row for row in host if row[2] in pids], host
+        if os.geteuid() == 0 and not isolation.in_user_namespace():
+            # Inside, the servers do listen (on the wildcard address, as TensorFlow does).
+            inside = _listening(["nsenter", "--target", str(up["pid"]), "--net"])
+            assert ports <= {row[1] for row in inside if row[2] in pids}, (ports, inside)
+    finally:
+        hold.unlink(missing_ok=True)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait(timeout=10)
+    assert proc.returncode == 0, proc.stderr.read()[-4000:]
+
+
+def test_isolate_moves_a_single_threaded_process_in_place(tmp_path):
+    # Before TensorFlow is imported a process moves itself, without starting again.
+    code = textwrap.dedent(
+        """
+        import importlib.util, json, os, sys
+        before = os.readlink("/proc/self/ns/net")
+        spec = importlib.util.spec_from_file_location("isolation", sys.argv[1])
+        isolation = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(isolation)
+        assert len(os.listdir("/proc/self/task")) == 1
+        ok = isolation.isolate()
+        import socket
+        with socket.socket() as s:  # loopback is up: a server and a client meet
+            s.bind(("127.0.0.1", 0)); s.listen()
+            socket.create_connection(s.getsockname(), timeout=5).close()
+        print(json.dumps({"ok": ok, "moved": os.readlink("/proc/self/ns/net") != before,
+                          "interfaces": isolation.interfaces(), "uid": os.getuid()}))
+        """
+    )
+    env = dict(os.environ)
+    env.pop("TFGC_PRIVATE_NETWORK", None)
+    done = subprocess.run(_from_a_public_network([sys.executable, "-c", code, isolation.__file__]),
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result == {"ok": True, "moved": True, "interfaces": ["lo"], "uid": os.getuid()}
+
+
+def test_a_cluster_outside_a_private_network_warns_loudly(monkeypatch, capsys):
+    monkeypatch.setattr(isolation, "interfaces", lambda: ["eth0", "lo"])
+    monkeypatch.setattr(isolation, "_warned", False)
+    assert not isolation.in_private_network()
+    monkeypatch.setenv(isolation.SWITCH, "0")
+    with pytest.warns(isolation.ExposedClusterWarning, match="without authentication"):
+        assert isolation.isolate() is False
+    assert "listen on every network interface" in capsys.readouterr().err
+    # Loopback and the links of bandwidth emulation lead nowhere else.
+    monkeypatch.setattr(isolation, "interfaces", lambda: ["lo", "tfgc1a2b3c"])
+    assert isolation.in_private_network()

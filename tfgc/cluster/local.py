@@ -1,0 +1,443 @@
+"""`LocalCluster`: a real TensorFlow cluster of local processes, stopped by pid."""
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfgc.cluster import isolation
+from tfgc.cluster.netem import EmulatedNetwork, parse_rate
+from tfgc.cluster.processes import (
+    HOST, JOBS, PACKAGE_PARENT, PORT_CONFLICT, ClusterError, PortConflict,
+    accepts_connections, log_tail, progress, reserve_ports,
+)
+from tfgc.cluster.sockets import SocketCounters, ss_sockets
+from tfgc.cluster.workers import WorkerScripts
+
+
+class LocalCluster(WorkerScripts, SocketCounters):
+    """A local TensorFlow cluster: ps/worker servers, or worker scripts for all-reduce.
+
+    With `num_ps >= 1` (ParameterServerStrategy) `start()` runs one server process per
+    ps and worker task and this process is the chief. With `num_ps=0`
+    (MultiWorkerMirroredStrategy) no server is started: `run_workers` runs the training
+    script once per worker task, and each of those processes hosts its own server.
+
+    Args:
+      num_ps: number of parameter-server tasks (0: an all-reduce cluster of workers).
+      num_workers: number of worker tasks (>= 1).
+      timeout_s: every server exits by itself after this many seconds, and as soon as
+        this process is gone, so none outlives a crashed test.
+      env: extra environment variables for the processes started, e.g.
+        `{"TF_DUMP_GRAPH_PREFIX": dir, "TF_DUMP_GRAPH_NAME_FILTER": "*"}` to dump the
+        graphs they run. A value of None removes the variable; "{job}" and "{index}"
+        in a value become the task's job and index (e.g. a dump directory per task).
+        By default they get `TF_CPP_MIN_LOG_LEVEL=2`.
+      log_dir: where each task writes `<job>-<index>.log` (stdout and stderr). By
+        default a temporary directory, removed when the cluster stops cleanly.
+      start_timeout_s: how long to wait for all servers to listen.
+      start_attempts: how many times to retry on fresh ports when a picked port was
+        taken before its server could bind it.
+      bandwidth: emulate links of this rate between the tasks (tc units: "10mbit",
+        "100mbit", "1gbit"): each task runs in a network namespace of its own and
+        addresses become the namespaces' IPs. Needs root and iproute2 (`ip`, `tc`).
+
+    Raises:
+      ValueError: bad counts or rate.
+      ClusterError: (at start) bandwidth emulation asked for but not possible here.
+
+    Use it as a context manager (or call `start()` and `stop()`). It is not reusable
+    after `stop()`.
+    """
+
+    def __init__(
+        self,
+        num_ps=1,
+        num_workers=2,
+        timeout_s=600,
+        env=None,
+        log_dir=None,
+        start_timeout_s=60,
+        start_attempts=3,
+        bandwidth=None,
+    ):
+        if num_ps < 0 or num_workers < 1:
+            raise ValueError(
+                f"a cluster needs at least one worker and no negative ps count, got "
+                f"num_ps={num_ps}, num_workers={num_workers}"
+            )
+        if timeout_s <= 0 or start_timeout_s <= 0:
+            raise ValueError("timeout_s and start_timeout_s must be positive")
+        if bandwidth is not None:
+            parse_rate(bandwidth)  # fail early on a typo
+        self.num_ps = int(num_ps)
+        self.num_workers = int(num_workers)
+        self.timeout_s = float(timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self.start_attempts = max(1, int(start_attempts))
+        self.env = dict(env or {})
+        self.bandwidth = bandwidth
+        self._own_log_dir = log_dir is None
+        self.log_dir = log_dir
+        self._procs = {}  # (job, index) -> Popen, while running
+        self._pids = {}  # job -> [pid, ...] of the last start, kept after stop()
+        self._logs = {}  # (job, index) -> open file
+        self._worker_procs = {}  # index -> (Popen, started, stdout, stderr) of run_workers
+        self._addresses = None
+        self._resolver = None
+        self._net = None
+        self._started = False
+        self._stopped = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # Keep the logs of a failed run for inspection; drop them after a clean one.
+        self.stop(remove_logs=exc_type is None)
+        return False
+
+    @property
+    def server_jobs(self):
+        """Jobs whose tasks this cluster runs as `tf.distribute.Server` processes."""
+        return JOBS if self.num_ps else ()
+
+    def start(self):
+        """Starts all servers and waits until each listens on its port.
+
+        With `num_ps=0` it only picks the workers' addresses (and builds the emulated
+        network): the worker scripts start with `run_workers`.
+
+        Raises:
+          ClusterError: a task exited or did not listen in time (the message holds the
+            tail of its log), or the emulated network could not be built. No process
+            or namespace is left behind.
+        """
+        if self._started:
+            raise RuntimeError("this LocalCluster was already started")
+        self._started = True
+        if not isolation.in_private_network():
+            isolation.warn_exposed("it runs in this process's network namespace")
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="tfgc-cluster-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        atexit.register(self._atexit)
+        try:
+            if self.bandwidth is not None:
+                tasks = [(job, i) for job, n in self._task_counts() for i in range(n)]
+                self._net = EmulatedNetwork(self.bandwidth, tasks)
+                self._net.setup()
+            for attempt in range(1, self.start_attempts + 1):
+                try:
+                    self._start_once()
+                    return self
+                except PortConflict as conflict:
+                    self._kill_all()
+                    if attempt == self.start_attempts:
+                        raise ClusterError(str(conflict)) from None
+                    progress(f"a port was taken before {conflict.task} could bind it; retrying")
+        except BaseException:
+            self.stop(remove_logs=False)
+            raise
+        return self
+
+    def _task_counts(self):
+        return (("ps", self.num_ps), ("worker", self.num_workers))
+
+    def _host(self, job, index):
+        return HOST if self._net is None else self._net.hosts[(job, index)]
+
+    def _start_once(self):
+        with_chief = self.num_ps > 0
+        ports = reserve_ports(int(with_chief) + self.num_ps + self.num_workers)
+        rest = iter(ports)
+        addresses = {}
+        if with_chief:
+            addresses["chief"] = [f"{self._host('chief', 0)}:{next(rest)}"]
+        for job, count in self._task_counts():
+            if count:
+                addresses[job] = [f"{self._host(job, i)}:{next(rest)}" for i in range(count)]
+        self._addresses = addresses
+        self._resolver = None
+        self._pids = {job: [None] * len(addresses.get(job, ())) for job in JOBS}
+        for job in self.server_jobs:
+            for index in range(len(addresses[job])):
+                self._spawn_server(job, index)
+        self._wait_until_listening(list(self._procs))
+
+    def _spawn_server(self, job, index):
+        log = open(self.log_path(job, index), "a" if (job, index) in self._logs else "w")
+        old = self._logs.pop((job, index), None)
+        if old is not None:
+            old.close()
+        self._logs[(job, index)] = log
+        prefix = self._net.exec_prefix((job, index)) if self._net else []
+        self._procs[(job, index)] = subprocess.Popen(
+            [
+                *prefix, sys.executable, "-m", "tfgc._server",
+                "--cluster-spec", json.dumps(self._addresses),
+                "--job", job,
+                "--index", str(index),
+                "--parent-pid", str(os.getpid()),
+                "--timeout", str(self.timeout_s),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._child_env(job, index),
+            # Own session: a Ctrl-C in the terminal reaches only this process,
+            # which then stops the servers in order.
+            start_new_session=True,
+        )
+        self._pids[job][index] = self._procs[(job, index)].pid
+
+    def _child_env(self, job, index):
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)  # servers get their role from the command line
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["PYTHONUNBUFFERED"] = "1"  # logs are read while the servers still run
+        # The servers must import this very tfgc, also from an uninstalled source tree.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p
+        )
+        for key, value in self.env.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = str(value).replace("{job}", job).replace("{index}", str(index))
+        return env
+
+    def _wait_until_listening(self, keys):
+        deadline = time.monotonic() + self.start_timeout_s
+        waiting = {key: self._procs[key] for key in keys}
+        while waiting:
+            for key, proc in list(waiting.items()):
+                if proc.poll() is not None:
+                    self._raise_failed(key, f"exited with code {proc.returncode} while starting")
+            for key, proc in list(waiting.items()):
+                host, port = self._host(*key), self._port(*key)
+                listeners = self._listening_pids(key)
+                if listeners is None:
+                    # No ss: fall back to "something accepts connections on the port".
+                    if accepts_connections(host, port):
+                        del waiting[key]
+                else:
+                    owners = listeners.get(port, ())
+                    # None: ss could not tell the owner (other user namespace, say).
+                    if proc.pid in owners or (None in owners and accepts_connections(host, port)):
+                        del waiting[key]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                key = sorted(waiting)[0]
+                self._raise_failed(
+                    key,
+                    f"did not listen on {self._address(*key)} within "
+                    f"{self.start_timeout_s:.0f} s",
+                )
+            time.sleep(0.1)
+
+    def _listening_pids(self, key):
+        """{port: {pid, ...}} of listening TCP sockets where task `key` runs, or None.
+
+        Checking the owner pid (not just that the port accepts connections) catches a
+        port that another program grabbed between our pick and the server's bind.
+        None when ss is unavailable.
+        """
+        try:
+            sockets = ss_sockets(["-l"], netns=self._netns(key))
+        except ClusterError:
+            return None
+        listeners = {}
+        for s in sockets:
+            listeners.setdefault(s["local"][1], set()).add(s["pid"])
+        return listeners
+
+    def _netns(self, key):
+        return None if self._net is None else self._net.namespaces.get(key)
+
+    def _raise_failed(self, key, what):
+        job, index = key
+        self._logs[key].flush()
+        log_path = self.log_path(job, index)
+        tail = log_tail(log_path)
+        message = (
+            f"tfgc LocalCluster: task /job:{job}/task:{index} ({self._address(job, index)}) "
+            f"{what}.\nLast lines of {log_path}:\n{tail}"
+        )
+        proc = self._procs[key]
+        if proc.poll() is not None and PORT_CONFLICT.search(tail):
+            raise PortConflict(message, task=f"/job:{job}/task:{index}")
+        raise ClusterError(message)
+
+    def stop(self, remove_logs=False, grace_s=5.0):
+        """Stops every process it started (by pid), then deletes the emulated network.
+
+        Servers get SIGTERM, and SIGKILL if still alive after `grace_s`; worker scripts
+        still running get SIGKILL. All are reaped.
+
+        Args:
+          remove_logs: delete the log directory if this cluster created it.
+          grace_s: how long servers get to exit after SIGTERM.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._kill_workers()
+            self._kill_all(grace_s)
+        finally:
+            if self._net is not None:
+                self._net.teardown()
+            atexit.unregister(self._atexit)
+        if remove_logs and self._own_log_dir and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _kill_all(self, grace_s=5.0):
+        procs = list(self._procs.values())
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.terminate()
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)  # reap; SIGKILL cannot be ignored
+            except subprocess.TimeoutExpired:
+                pass
+        for log in self._logs.values():
+            log.close()
+        self._procs.clear()
+        self._logs.clear()
+
+    def _atexit(self):
+        self.stop(remove_logs=False, grace_s=2.0)
+
+    # --- one task: kill and restart (fault injection) -------------------------------
+
+    def kill(self, job, index, sig=signal.SIGKILL):
+        """Sends `sig` (default SIGKILL) to the server of task `job:index` and reaps it.
+
+        Raises:
+          ValueError: no such server task in this cluster.
+        """
+        proc = self._server_proc(job, index)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        return proc.returncode
+
+    def restart(self, job, index):
+        """Starts task `job:index` again on its address (killing it first if it runs).
+
+        Its log continues in the same file. TensorFlow's ClusterCoordinator notices the
+        new server and resumes scheduling on it.
+
+        Returns:
+          The new server's pid.
+
+        Raises:
+          ClusterError: the new server did not come up.
+        """
+        self.kill(job, index)
+        self._spawn_server(job, index)
+        self._wait_until_listening([(job, index)])
+        return self._pids[job][index]
+
+    def _server_proc(self, job, index):
+        self._require_started()
+        if (job, index) not in self._procs:
+            raise ValueError(
+                f"no server task {job}:{index} in this cluster (servers: "
+                f"{sorted(self._procs) or 'none; worker scripts run with run_workers'})"
+            )
+        return self._procs[(job, index)]
+
+    # --- what the cluster looks like ------------------------------------------------
+
+    def _require_started(self):
+        if self._addresses is None:
+            raise RuntimeError("the cluster is not started; use `with LocalCluster(...) as c:`")
+
+    @property
+    def addresses(self):
+        """{"chief": [...], "ps": ["host:port", ...], "worker": [...]} (no chief or ps
+        entry when num_ps=0)."""
+        self._require_started()
+        return {job: list(addrs) for job, addrs in self._addresses.items()}
+
+    def _address(self, job, index):
+        return self._addresses[job][index]
+
+    def _port(self, job, index):
+        return int(self._address(job, index).rsplit(":", 1)[1])
+
+    @property
+    def cluster_spec(self):
+        """A `tf.train.ClusterSpec` of `addresses`."""
+        import tensorflow as tf
+
+        self._require_started()
+        return tf.train.ClusterSpec(self.addresses)
+
+    @property
+    def resolver(self):
+        """A cluster resolver for ParameterServerStrategy in this (the chief) process."""
+        import tensorflow as tf
+
+        self._require_started()
+        if "chief" not in self._addresses:
+            raise RuntimeError("a cluster without parameter servers has no chief; use run_workers")
+        if self._resolver is None:
+            self._resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                self.cluster_spec, task_type="chief", task_id=0, rpc_layer="grpc"
+            )
+        return self._resolver
+
+    def tf_config(self, task_type, index=0):
+        """The `TF_CONFIG` dict for one task (json.dumps it into the environment)."""
+        self._require_started()
+        if task_type not in self._addresses or not 0 <= index < len(self._addresses[task_type]):
+            raise ValueError(
+                f"no task {task_type}:{index} in this cluster "
+                f"({', '.join(f'{j}: {len(a)}' for j, a in self._addresses.items())})"
+            )
+        return {"cluster": self.addresses, "task": {"type": task_type, "index": int(index)}}
+
+    @property
+    def pids(self):
+        """{"ps": [pid, ...], "worker": [pid, ...]} of the processes of each task.
+
+        The current (or last) process of each task: a restarted task's new pid, a worker
+        script's pid once started (None before). Still available after `stop()`.
+        """
+        self._require_started()
+        return {job: list(pids) for job, pids in self._pids.items()}
+
+    def log_path(self, job, index):
+        """Path of the log file of server task `job:index`."""
+        return os.path.join(self.log_dir, f"{job}-{index}.log")
+
+    def check_alive(self):
+        """Raises ClusterError (with its log tail) if any server has exited."""
+        for key, proc in sorted(self._procs.items()):
+            if proc.poll() is not None:
+                self._raise_failed(key, f"exited with code {proc.returncode}")
