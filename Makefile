@@ -35,7 +35,7 @@ codec-demo: install apt-index
 # The suite starts real clusters: it runs in a private network namespace (loopback
 # only), so no task it starts can be reached from another host.
 test: install apt-index
-	$(PY) -m tfgc.cluster.private $(PY) -m pytest -q
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tfgc.cluster.private $(PY) -m pytest -q
 
 test-fast: install
 	$(PY) -m pytest -q -m "not cluster and not slow"

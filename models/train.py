@@ -62,6 +62,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from models import supervise  # noqa: E402
+
 STRATEGIES = ("local", "ps", "mwms")
 _CODEC_ALIASES = {
     "none": ("NoCompression", {}),
@@ -194,13 +196,17 @@ def _recorder_class():
         bar, TensorBoard), and the cluster's socket counters read.
         """
 
-        def __init__(self, optimizer, steps_per_epoch, per_batch, cluster=None):
+        def __init__(self, optimizer, steps_per_epoch, per_batch, cluster=None,
+                     rows_path=None):
             super().__init__()
             self.optimizer = optimizer
             self.steps_per_epoch = steps_per_epoch
             self.per_batch = per_batch
             self.cluster = cluster
+            # JSON lines of every row written, kept across attempts (models.supervise).
+            self.rows_path = rows_path
             self.rows, self.socket_rows = [], []
+            self.resumed_rows = 0  # rows that earlier attempts wrote
             self.epoch = 0
             self.start = None
             self._last_counters = None
@@ -211,7 +217,17 @@ def _recorder_class():
         def on_train_begin(self, logs=None):
             self.start = time.monotonic()
             self._last_counters = self._counters()
-            self.read_sockets(0)
+            # A resumed attempt starts where the restored backup ended (BackupAndRestore
+            # runs first); the rows up to there come from the attempts before.
+            step = int(self.optimizer.iterations.numpy())
+            if self.rows_path and os.path.exists(self.rows_path):
+                with open(self.rows_path) as f:
+                    self.rows = [row for row in map(json.loads, f) if row["step"] <= step]
+            self.resumed_rows = len(self.rows)
+            if self.rows_path:
+                with open(self.rows_path, "w") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in self.rows)
+            self.read_sockets(step)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -222,6 +238,9 @@ def _recorder_class():
                 value = (logs or {}).get(key)
                 row[key] = None if value is None else float(value)
             self.rows.append(row)
+            if self.rows_path:
+                with open(self.rows_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * self.steps_per_epoch
@@ -434,7 +453,8 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
 
     per_batch = args.strategy != "ps"
     recorder = _recorder_class()[per_batch](
-        optimizer, steps_per_epoch, per_batch, "task" if args.strategy == "mwms" else cluster)
+        optimizer, steps_per_epoch, per_batch, "task" if args.strategy == "mwms" else cluster,
+        rows_path=supervise.rows_path(out) if args._attempt else None)
     callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
     callbacks.append(recorder)
     if args.tensorboard and _has_tensorboard():
@@ -443,18 +463,30 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
             write_graph=False))
     _log(f"training {args.model} ({summary['parameters']:,d} parameters) with "
          f"{args.compression} under {args.strategy} for {summary['steps']} steps")
+    if args._attempt:
+        # Saved every Keras epoch; a later attempt resumes from it (models.supervise).
+        # First in the list: it restores the counters the recorder starts from.
+        callbacks.insert(0, tf_keras.callbacks.BackupAndRestore(supervise.backup_dir(out)))
     started = time.monotonic()
-    model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
-              callbacks=callbacks, verbose=args.verbose)
+    try:
+        model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                  callbacks=callbacks, verbose=args.verbose)
+    except tf.errors.OpError as error:
+        dead = _dead_task(cluster)
+        if dead is None:
+            raise
+        raise supervise.TaskLost(f"{dead} ({type(error).__name__})") from error
     summary["train_time_s"] = time.monotonic() - started
 
     rows = recorder.rows
     steps_done = summary["steps"]
-    # Step time: wall time per step after the first Keras epoch (tracing, warm-up).
+    # Step time: wall time per step of this attempt after its first Keras epoch
+    # (tracing, warm-up).
+    attempt_rows = rows[recorder.resumed_rows:]
     if per_batch:
         first_row = rows[min(len(rows), steps_per_epoch) - 1]
     else:
-        first_row = rows[0]
+        first_row = attempt_rows[0]
     later = steps_done - first_row["step"]
     summary["step_time_s"] = (
         (rows[-1]["time_s"] - first_row["time_s"]) / later if later > 0
@@ -471,9 +503,11 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     summary["pull_payload_ratio"] = (
         counters["pull_dense_bytes"] / counters["pull_bytes"] if counters["pull_bytes"] else None)
     if cluster is not None:
+        # This attempt's cluster: its sockets saw only its own steps.
         before, after = recorder.socket_rows[0], recorder.socket_rows[-1]
         for key in ("worker_to_ps", "ps_to_worker"):
-            summary[f"socket_{key}_bytes_per_step"] = (after[key] - before[key]) / steps_done
+            summary[f"socket_{key}_bytes_per_step"] = (
+                (after[key] - before[key]) / (after["step"] - before["step"]))
         summary["socket_bytes"] = recorder.socket_rows
     elif args.strategy == "mwms":
         before, after = recorder.socket_rows[0], recorder.socket_rows[-1]
@@ -495,6 +529,19 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
     summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
     return rows
+
+
+def _dead_task(cluster):
+    """A sentence naming a dead task of `cluster` (a LocalCluster or None), or None."""
+    from tfgc import cluster as cluster_lib
+
+    if cluster is None:
+        return None
+    try:
+        cluster.check_alive()
+    except cluster_lib.ClusterError as error:
+        return str(error).splitlines()[0]
+    return None
 
 
 # --- multi-worker launcher --------------------------------------------------------------
@@ -585,7 +632,12 @@ def build_parser():
     add("--tf-config", action="store_true",
         help="use the cluster in $TF_CONFIG instead of starting local processes (ps: run "
              "this as the chief task; mwms: run this in every worker task)")
+    add("--max-restarts", type=int, default=3,
+        help="--strategy ps on a local cluster: after a parameter server (or any task) "
+             "dies, restart the cluster and resume from the last epoch's backup this "
+             "many times")
     add("--_worker", action="store_true", help=argparse.SUPPRESS)
+    add("--_attempt", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -593,9 +645,11 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.argv = [a for a in argv if a != "--_worker"]
+    args.argv = [a for a in argv if a not in ("--_worker", "--_attempt")]
     if args.steps < 1 or args.workers < 1 or args.ps < 1 or args.batch_size < 1:
         parser.error("--steps, --workers, --ps and --batch-size must be positive")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must be >= 0")
     try:
         parse_compression(args.compression)
         if args.pull_compression != "none":
@@ -624,11 +678,21 @@ def main(argv=None):
             parser.error("--tf-config applies to --strategy ps or mwms")
         if args.strategy == "mwms":
             args._worker = True
+    if args.strategy == "ps" and not args.tf_config and not args._attempt:
+        # Each attempt in a process of its own, so that one can resume after a dead task.
+        return supervise.run_with_restarts(args.argv, args.out, args.max_restarts)
     if args.strategy == "mwms" and not args._worker:
         os.makedirs(args.out, exist_ok=True)
         summary = launch_workers(args, args.argv)
     else:
-        summary = train(args)
+        try:
+            summary = train(args)
+        except supervise.TaskLost as lost:
+            _log(f"{lost}; this attempt stops (its last backup is in "
+                 f"{supervise.backup_dir(args.out)})")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(supervise.EXIT_TASK_LOST)
     if not args._worker or summary.get("test_accuracy") is not None and args.tf_config:
         print(json.dumps({k: summary.get(k) for k in (
             "name", "dataset", "substitute_for", "test_accuracy", "step_time_s",

@@ -610,3 +610,31 @@ def test_task_traffic_reads_again_when_ss_misses_an_owner(monkeypatch):
     established = iter([mine + theirs.format(users="")] * 100)
     with pytest.raises(cluster.ClusterError, match="could not tell which task"):
         cluster.task_traffic(config)
+
+
+def test_settled_socket_bytes_waits_until_the_traffic_stops_moving(monkeypatch):
+    # A parameter server may still be receiving the last step's tensors when `fit`
+    # returns: the reading waits until the bytes grow by at most the tolerance
+    # (keepalive pings) over the quiet period.
+    class Clock:
+        now = 0.0
+
+        def monotonic(self):
+            return self.now
+
+        def sleep(self, seconds):
+            self.now += seconds
+
+    clock = Clock()
+    monkeypatch.setattr(sockets, "time", clock)
+    totals = iter([1000, 60_000, 120_000, 120_050, 120_100, 120_150, 120_200])
+    c = cluster.LocalCluster(num_ps=1, num_workers=1)
+    c._addresses = {"ps": ["127.0.0.1:1"]}
+    monkeypatch.setattr(c, "socket_bytes", lambda chief_pid=None: [{"bytes_received": next(totals)}])
+    rows = c.settled_socket_bytes(quiet_s=1.0, tolerance_bytes=1024)
+    assert rows == [{"bytes_received": 120_100}] and clock.now == 2.0
+
+    monkeypatch.setattr(c, "socket_bytes",
+                        lambda chief_pid=None: [{"bytes_received": clock.now * 10_000}])
+    with pytest.raises(cluster.ClusterError, match="did not settle"):
+        c.settled_socket_bytes(timeout_s=5)

@@ -61,10 +61,10 @@ COORDINATOR = textwrap.dedent(
         report["variables"] = len(model.trainable_variables)
         model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)  # trace, connect
         counted = lambda key: int(opt.traffic[key].numpy()) if mode != "fp32" else 0
+        rows0 = c.settled_socket_bytes()  # the first fit's last bytes have crossed
         pushed0, pulled0 = counted("push_bytes"), counted("pull_bytes")
-        rows0 = c.socket_bytes()
         history = model.fit(data, epochs=steps, steps_per_epoch=1, verbose=0)
-        rows1 = c.socket_bytes()
+        rows1 = c.settled_socket_bytes()
         report["sent"] = (c.traffic_between("worker", "ps", rows=rows1)
                           - c.traffic_between("worker", "ps", rows=rows0))
         report["received"] = (c.traffic_between("ps", "worker", rows=rows1)

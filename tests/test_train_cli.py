@@ -6,9 +6,12 @@ eager context of the process that creates it, and mwms starts worker processes.
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 from models import plots, train
@@ -109,3 +112,71 @@ def test_multi_worker_mirrored_run(tmp_path):
     assert summary["strategy"] == "mwms" and summary["lr_scaled"] == pytest.approx(0.2)
     assert [int(r["step"]) for r in rows] == [1, 2]
     assert "MultiWorkerMirroredStrategy workers" in done.stderr
+
+
+def _servers_of_job(job, ancestor):
+    """Pids of the `tfgc._server --job <job>` processes that descend from `ancestor`."""
+    parents, commands = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                commands[int(entry)] = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+
+    def descends(pid):
+        while pid in parents and pid > 1:
+            pid = parents[pid]
+            if pid == ancestor:
+                return True
+        return False
+
+    return [pid for pid, argv in commands.items()
+            if b"tfgc._server" in argv and b"--job" in argv
+            and argv[argv.index(b"--job") + 1] == job.encode() and descends(pid)]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_server_run_resumes_after_the_ps_dies(tmp_path):
+    # The parameter server is killed (SIGKILL) once a backup exists; the run restarts
+    # its cluster, resumes from the backup and completes every requested step.
+    out = tmp_path / "run"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "models.train", *TINY, "--strategy", "ps", "--workers", "1",
+         "--steps", "24", "--log-every", "4", "--compression", "threelc",
+         "--pull-compression", "threelc", "--timeout", "280", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "backup").is_dir() or not list((out / "backup").rglob("*.index")):
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "no backup was written"
+            time.sleep(0.2)
+        victims = _servers_of_job("ps", proc.pid)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, stderr[-4000:]
+    assert "resuming from the last backup (restart 1 of 3)" in stderr
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    with open(out / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert summary["steps"] == 24 and summary["test_accuracy"] is not None
+    # One row per Keras epoch, each written once, across both attempts.
+    assert [int(r["step"]) for r in rows] == [4, 8, 12, 16, 20, 24]
+    assert all(np.isfinite(float(r["loss"])) for r in rows)
+    # The byte counters were restored with the model: each of the 24 steps counted once.
+    assert summary["push_dense_bytes_per_step"] == pytest.approx(float(rows[0]["push_dense_bytes"]))
+    assert not (out / "backup").exists()  # removed once the run completed

@@ -331,6 +331,33 @@ class SocketCounters:
             f"could not tell which processes own {len(unknown)} connection(s) between "
             f"cluster tasks ({unknown[:3]}): `ss -p` did not name them")
 
+    def settled_socket_bytes(self, chief_pid=None, quiet_s=1.0, tolerance_bytes=1024,
+                             timeout_s=30.0):
+        """`socket_bytes()` once the cluster's traffic has stopped moving.
+
+        Under ParameterServerStrategy a step's closure can return, and `model.fit` with
+        it, while the parameter server's part of the step is still receiving its
+        tensors: a reading right after `fit` may miss the last step's bytes, which
+        then count in the next phase. This reads every `quiet_s / 2` until the bytes
+        between tasks grew by at most `tolerance_bytes` (health checks and keepalive
+        pings, ~100 B/s) over `quiet_s`.
+
+        Raises:
+          ClusterError: the traffic did not settle within `timeout_s`.
+        """
+        deadline = time.monotonic() + timeout_s
+        history = []  # (time, total bytes, rows)
+        while True:
+            rows = self.socket_bytes(chief_pid)
+            now = time.monotonic()
+            history.append((now, sum(r["bytes_received"] for r in rows), rows))
+            early = [h for h in history if h[0] <= now - quiet_s]
+            if early and history[-1][1] - early[-1][1] <= tolerance_bytes:
+                return rows
+            if now > deadline:
+                raise ClusterError(f"the cluster's traffic did not settle within {timeout_s:.0f} s")
+            time.sleep(quiet_s / 2)
+
     def traffic_between(self, src_job, dst_job, chief_pid=None, rows=None):
         """Total bytes sent from the tasks of `src_job` to the tasks of `dst_job`.
 

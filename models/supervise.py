@@ -1,0 +1,90 @@
+"""Parameter-server training that survives a dead task: restart, restore, go on.
+
+TensorFlow's ClusterCoordinator recovers from a worker that dies, but not from a
+parameter server: `fit` raises UnavailableError, and the coordinator's process cannot
+go on even once the server is back (its eager context still refers to the dead
+server's resources). A fresh coordinator that restores the last checkpoint resumes
+exactly, so `models.train --strategy ps` runs each attempt in a child process:
+
+1. the child starts its local cluster and trains with tf_keras `BackupAndRestore`,
+   which saves the model and optimizer (error-feedback counters and byte counters
+   included) at the end of every Keras epoch (`--log-every` steps);
+2. when `fit` fails and a task of its cluster is dead, the child exits with
+   `EXIT_TASK_LOST`;
+3. this supervisor then starts a fresh attempt, whose `BackupAndRestore` resumes at the
+   first epoch not yet saved, up to `--max-restarts` times.
+
+At most one Keras epoch of steps is redone per restart. Per-worker state that lives
+only on the workers (error-feedback residuals, pull caches) starts over from zeros, as
+when a worker restarts. History rows of earlier attempts are kept; socket counters
+and step times cover the last attempt only.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+EXIT_TASK_LOST = 75  # EX_TEMPFAIL: a task of the attempt's cluster died
+
+
+class TaskLost(RuntimeError):
+    """Training stopped because a task of the local cluster died."""
+
+
+def _log(message):
+    print(f"[models.train] {message}", file=sys.stderr, flush=True)
+
+
+def run_with_restarts(argv, out, max_restarts):
+    """Runs `python -m models.train <argv> --_attempt` until it succeeds.
+
+    Args:
+      argv: the command line of this run (without `--_attempt`).
+      out: the run's output directory (backups and rows of earlier attempts go there;
+        those of an earlier run are removed first).
+      max_restarts: how many times an attempt that lost a task is started again.
+
+    Returns:
+      The exit code of the last attempt.
+    """
+    from tfgc.cluster.processes import die_with_parent
+
+    clear(out)
+    command = [sys.executable, "-m", "models.train", *argv, "--_attempt"]
+    for attempt in range(max_restarts + 1):
+        # Same process group: a Ctrl-C reaches the attempt too; it dies with us.
+        proc = subprocess.Popen(command, preexec_fn=die_with_parent)
+        try:
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if code != EXIT_TASK_LOST:
+            if code == 0:
+                clear(out)
+            return code
+        if attempt < max_restarts:
+            _log(f"a task of the cluster died; restarting the cluster and resuming from the "
+                 f"last backup (restart {attempt + 1} of {max_restarts})")
+    _log(f"a task of the cluster died again after {max_restarts} restart(s); giving up")
+    return EXIT_TASK_LOST
+
+
+def backup_dir(out):
+    """Where an attempt's `BackupAndRestore` keeps its checkpoint."""
+    return os.path.join(out, "backup")
+
+
+def rows_path(out):
+    """Where attempts keep the history rows written so far."""
+    return os.path.join(out, "history-attempts.jsonl")
+
+
+def clear(out):
+    """Removes what attempts leave behind (a new run starts from step 0)."""
+    shutil.rmtree(backup_dir(out), ignore_errors=True)
+    try:
+        os.remove(rows_path(out))
+    except FileNotFoundError:
+        pass
