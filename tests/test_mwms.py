@@ -209,3 +209,50 @@ def test_mwms_workers_with_different_codec_settings_stop_at_once(tmp_path):
     assert said, [r.stderr[-2000:] for r in results]
     # Each names its own settings (the error text escapes the JSON's quotes).
     assert all("FastSGD" in s and "base" in s for s in said), said
+
+
+LOGGED = textwrap.dedent(
+    """
+    import json, os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np, tensorflow as tf, tf_keras
+    import tfgc
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 16)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    logs = {}
+    for name, callbacks in (("plain", []), ("logged", [tfgc.callbacks.TrafficLogger()])):
+        tf_keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(16,))])
+            opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                            compression=tfgc.codecs.Int8(), min_elements=1)
+            model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"])
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+        history = model.fit(data, epochs=2, verbose=0, callbacks=callbacks)
+        logs[name] = {k: v for k, v in history.history.items()}
+    print("REPORT " + json.dumps(logs), flush=True)
+    """
+)
+
+
+def test_traffic_logger_leaves_the_metrics_of_mwms_fit_alone(tmp_path):
+    # With the logger's keys in the last batch's logs, tf_keras used to take those
+    # (summed over the workers) instead of its metrics' results: twice the loss.
+    script = tmp_path / "worker.py"
+    script.write_text(LOGGED)
+    results = cluster.LocalCluster(num_ps=0, num_workers=2, timeout_s=240).run_workers(
+        [str(script)], timeout_s=240, check=True)
+    for result in results:
+        logs = json.loads(next(line for line in result.stdout.splitlines()
+                               if line.startswith("REPORT "))[len("REPORT "):])
+        plain, logged = logs["plain"], logs["logged"]
+        for key in ("loss", "accuracy"):
+            np.testing.assert_allclose(logged[key], plain[key], rtol=1e-6, err_msg=key)
+        assert max(plain["accuracy"]) <= 1.0
+        # Per step, what both workers pushed.
+        assert logged["push_dense_bytes"] == [2 * (16 * 2 + 2) * 4] * 2
+        assert "pull_bytes" not in logged

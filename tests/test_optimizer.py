@@ -201,7 +201,7 @@ def test_traffic_logger_reports_each_step(tmp_path):
     rows = csv_path.read_text().splitlines()
     assert len(rows) == 1 + 10 and rows[0].startswith("step,push_bytes")
     assert int(opt.traffic["push_dense_bytes"].numpy()) == 10 * dense
-    assert history.history["pull_bytes"][-1] == 0  # no compressed pulls
+    assert "pull_bytes" not in history.history  # no compressed pulls: no pull keys
     by_variable = opt.traffic_by_variable()
     kernel = by_variable[model.layers[0].kernel.name]
     assert kernel["push_dense_bytes"] == 10 * 64 * 128 * 4
@@ -215,6 +215,43 @@ def test_traffic_logger_reports_each_step(tmp_path):
     assert len(rows) == 1 + 10 * 4  # four variables pushed every step
     step0 = [r.split(",") for r in rows[1:5]]
     assert {r[1] for r in step0} == set(by_variable) and {r[2] for r in step0} == {"push"}
+
+
+def test_traffic_logger_changes_no_other_log_and_counts_per_optimizer_step():
+    x, y = digits()
+
+    class Seen(tf_keras.callbacks.Callback):
+        """Listed before the logger: sees the epoch logs as TensorBoard would."""
+
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append(dict(logs))
+
+    def fit(with_logger, steps_per_execution):
+        tf_keras.utils.set_random_seed(0)
+        model = small_model()
+        opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8())
+        model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], steps_per_execution=steps_per_execution)
+        seen = Seen()
+        callbacks = [seen] + ([tfgc.callbacks.TrafficLogger()] if with_logger else [])
+        model.fit(x[:640], y[:640], epochs=2, batch_size=64, verbose=0, shuffle=False,
+                  callbacks=callbacks)
+        return seen.epochs
+
+    plain = fit(False, 1)
+    logged = fit(True, 1)
+    dense = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    for before, after in zip(plain, logged):
+        assert {k: after[k] for k in before} == pytest.approx(before)  # loss, accuracy
+        assert after["push_dense_bytes"] == dense  # reached a callback listed first
+    # Ten steps per batch hook: still per optimizer step, not per hook.
+    grouped = fit(True, 5)
+    assert [e["push_dense_bytes"] for e in grouped] == [dense, dense]
+    assert grouped[-1]["push_bytes"] == pytest.approx(logged[-1]["push_bytes"], rel=0.01)
 
 
 class _PerVariableCodec(C.NoCompression):

@@ -11,29 +11,39 @@ COLUMNS = (
 
 
 class TrafficLogger(tf_keras.callbacks.Callback):
-    """Adds the optimizer's traffic of each training step to the Keras logs.
+    """Adds the optimizer's traffic per training step to each epoch's Keras logs.
 
-    Keys added to the batch logs (the progress bar shows them) and, as the epoch's mean
-    per step, to the epoch logs (History, TensorBoard): `push_bytes` (bytes on the wire
-    for one step's gradients), `push_dense_bytes` (the same gradients uncompressed),
-    `compression_ratio` and `bits_per_value` (of pushes, for the gradients' dtype
-    taken as 4 bytes); with compressed pulls also `pull_bytes`, `pull_dense_bytes`,
-    `pull_compression_ratio` and `pull_bits_per_value`. Counts are exact: they add up
-    `payload_nbytes` of what was sent.
+    Keys, as means per step over the epoch (History, TensorBoard, CSVLogger and the
+    progress bar's epoch line see them): `push_bytes` (bytes on the wire for one step's
+    gradients), `push_dense_bytes` (the same gradients uncompressed),
+    `compression_ratio` and `bits_per_value` (of pushes, the gradients' dtype taken as
+    4 bytes); where pulls are compressed also `pull_bytes`, `pull_dense_bytes`,
+    `pull_compression_ratio` and `pull_bits_per_value`. Counts are exact (they add up
+    `payload_nbytes` of what was sent) and per step of the optimizer
+    (`optimizer.iterations`), so `steps_per_execution` does not change them.
+
+    It changes no other log: Keras replaces an epoch's last-step logs by its metrics'
+    results only when no callback added keys to them, so at an epoch's last batch it
+    hands Keras those results together with its own keys. The keys reach every other
+    callback whatever their order in the list; under ParameterServerStrategy, where
+    batch logs are remote values, they are added at the epoch's end instead: list it
+    before callbacks that read them there (TensorBoard, CSVLogger).
+
+    Counters are read at epoch boundaries only, unless per-step CSV files are asked for.
 
     Args:
       optimizer: the `tfgc.DistributedOptimizer` whose traffic to report; by default the
         model's optimizer.
-      csv_path: if given, one row per step is appended to this file.
-      per_variable_csv_path: if given, one row per step, variable and direction
+      csv_path: if given, one row per batch hook (per step, or per `steps_per_execution`
+        steps, as per-step means) is appended to this file.
+      per_variable_csv_path: if given, one row per batch hook, variable and direction
         (step, variable, direction, bytes, dense_bytes) is appended to this file.
     """
 
     def __init__(self, optimizer=None, csv_path=None, per_variable_csv_path=None):
         super().__init__()
-        # Lets tf_keras run the batch hooks under ParameterServerStrategy, where steps
-        # are asynchronous: a batch's reading covers the steps finished by then, and
-        # epoch figures are exact (fit joins the workers at each epoch end).
+        # Lets tf_keras run the batch hooks under ParameterServerStrategy; logs stay
+        # tensors (or remote values), and this callback reads none of them.
         self._supports_tf_logs = True
         self._optimizer = optimizer
         self.csv_path = csv_path
@@ -41,9 +51,9 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         self._last_by_variable = None
         self._variable_writer = None
         self._variable_file = None
-        self._last = None
+        self._last = None  # (iterations, counters) at the last per-step row
         self._epoch_start = None
-        self._epoch_steps = 0
+        self._epoch_logged = False
         self._writer = None
         self._file = None
 
@@ -51,14 +61,15 @@ class TrafficLogger(tf_keras.callbacks.Callback):
     def optimizer(self):
         return self._optimizer or self.model.optimizer
 
-    def _counters(self):
+    def _reading(self):
+        """(optimizer steps, {counter: bytes}), or None before the optimizer is built."""
         traffic = getattr(self.optimizer, "traffic", None)
         if traffic is None:
             return None  # not built yet, or not a tfgc optimizer
-        return {name: int(value.numpy()) for name, value in traffic.items()}
+        counters = {name: int(value.numpy()) for name, value in traffic.items()}
+        return int(self.optimizer.iterations.numpy()), counters
 
     def on_train_begin(self, logs=None):
-        self._last = self._counters()
         if self.csv_path:
             self._file, self._writer = _open_csv(self.csv_path, ("step",) + COLUMNS)
         if self.per_variable_csv_path:
@@ -66,22 +77,38 @@ class TrafficLogger(tf_keras.callbacks.Callback):
                 self.per_variable_csv_path, ("step", "variable", "direction", "bytes", "dense_bytes")
             )
             self._last_by_variable = self.optimizer.traffic_by_variable()
+        self._last = self._reading() if self._writer or self._variable_writer else None
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self._counters()
-        self._epoch_steps = 0
+        self._epoch_start = self._reading()
+        self._epoch_logged = False
 
     def on_train_batch_end(self, batch, logs=None):
-        counters = self._counters()
-        if counters is None:
+        if self._writer is not None or self._variable_writer is not None:
+            self._write_rows(batch)
+        steps = (self.params or {}).get("steps")
+        if isinstance(logs, dict) and steps and batch + 1 >= steps:
+            figures = self._epoch_figures()
+            if figures:
+                # Keras would drop these logs for its metrics' results because of the
+                # added keys: give it those results, so that nothing else changes.
+                logs.update(self.model.get_metrics_result())
+                logs.update(figures)
+                self._epoch_logged = True
+
+    def _write_rows(self, batch):
+        now = self._reading()
+        if now is None:
             return
-        step = _traffic(self._last, counters, steps=1)
-        self._last = counters
-        self._epoch_steps += 1
-        if isinstance(logs, dict):  # under ParameterServerStrategy: a RemoteValue
-            logs.update(step)
+        if self._last is None:
+            self._last = (0, {name: 0 for name in now[1]})
+        steps = now[0] - self._last[0]
+        if steps <= 0:
+            return
         if self._writer is not None:
+            step = _traffic(self._last[1], now[1], steps=steps, with_pulls=True)
             self._writer.writerow([batch] + [step[k] for k in COLUMNS])
+        self._last = now
         if self._variable_writer is not None:
             self._write_per_variable(batch)
 
@@ -96,10 +123,21 @@ class TrafficLogger(tf_keras.callbacks.Callback):
                     self._variable_writer.writerow([batch, name, direction, sent, dense])
         self._last_by_variable = now
 
+    def _epoch_figures(self):
+        """This epoch's traffic per step so far, or {} when there is none to tell."""
+        now = self._reading()
+        if now is None:
+            return {}
+        # Unbuilt at the epoch's start: its counters and steps started at 0 since.
+        start = self._epoch_start or (0, {name: 0 for name in now[1]})
+        steps = now[0] - start[0]
+        if steps <= 0:
+            return {}
+        return _traffic(start[1], now[1], steps=steps)
+
     def on_epoch_end(self, epoch, logs=None):
-        counters = self._counters()
-        if counters is not None and logs is not None and self._epoch_steps:
-            logs.update(_traffic(self._epoch_start, counters, steps=self._epoch_steps))
+        if logs is not None and not self._epoch_logged:
+            logs.update(self._epoch_figures())
 
     def on_train_end(self, logs=None):
         for handle in (self._file, self._variable_file):
@@ -117,13 +155,18 @@ def _open_csv(path, header):
     return handle, writer
 
 
-def _traffic(before, after, steps):
-    """Per-step traffic between two counter readings (None: the counters started at 0)."""
-    before = before or {name: 0 for name in after}
+def _traffic(before, after, steps, with_pulls=False):
+    """Per-step traffic between two counter readings.
+
+    Pull keys are included when pulls were counted in between (compressed pulls), or
+    always with `with_pulls` (CSV columns are fixed).
+    """
     result = {}
     for direction, prefix in (("push", ""), ("pull", "pull_")):
         sent = (after[f"{direction}_bytes"] - before[f"{direction}_bytes"]) / steps
         dense = (after[f"{direction}_dense_bytes"] - before[f"{direction}_dense_bytes"]) / steps
+        if direction == "pull" and not dense and not with_pulls:
+            continue
         result[f"{direction}_bytes"] = float(sent)
         result[f"{direction}_dense_bytes"] = float(dense)
         result[f"{prefix}compression_ratio"] = dense / sent if sent else 0.0
