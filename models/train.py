@@ -96,14 +96,14 @@ def parse_compression(spec):
 
     name, _, arg_text = spec.strip().partition(":")
     key = name.strip().lower().replace("_", "").replace("-", "")
-    classes = {cls.lower(): cls for cls in codecs._CODECS}
+    classes = {cls.lower(): cls for cls in codecs.names()}
     if name.strip().lower() in _CODEC_ALIASES:
         class_name, kwargs = _CODEC_ALIASES[name.strip().lower()]
         kwargs = dict(kwargs)
     elif key in classes:
         class_name, kwargs = classes[key], {}
     else:
-        known = sorted(set(_CODEC_ALIASES) | {c.lower() for c in codecs._CODECS})
+        known = sorted(set(_CODEC_ALIASES) | set(classes))
         raise ValueError(f"unknown compression {name!r} in {spec!r}; known: {', '.join(known)}")
     for item in filter(None, (p.strip() for p in arg_text.split(","))):
         k, sep, v = item.partition("=")
@@ -114,7 +114,7 @@ def parse_compression(spec):
         except (ValueError, SyntaxError):
             kwargs[k.strip()] = v.strip()
     try:
-        return codecs._CODECS[class_name](**kwargs)
+        return codecs.lookup(class_name)(**kwargs)
     except TypeError as error:
         raise ValueError(f"bad arguments for {class_name} in {spec!r}: {error}") from None
 

@@ -382,3 +382,57 @@ def test_eager_mirrored_gathers_messages_of_different_lengths(run_python):
     line = next(l for l in run_python(EAGER_MIRRORED_SCRIPT, timeout=300).splitlines()
                 if l.startswith("REPORT"))
     assert float(line.split()[1]) == 0.0
+
+
+def test_legacy_tf_keras_optimizers_are_named_with_the_class_to_use():
+    with pytest.raises(TypeError, match=r"legacy tf_keras optimizer.*tf_keras\.optimizers\.SGD\(\.\.\.\)"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.legacy.SGD(0.1), compression=C.Int8())
+    with pytest.raises(TypeError, match="expected a tf_keras or Keras 3 optimizer"):
+        tfgc.DistributedOptimizer(object(), compression=C.Int8())
+
+
+def test_keras3_users_need_no_tf_keras(run_python):
+    out = run_python(
+        """
+import sys
+sys.modules["tf_keras"] = None  # as if it were not installed: importing it fails
+import keras, numpy as np
+import tfgc
+opt = tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=tfgc.codecs.Int8())
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile(opt, "mse")
+model.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), verbose=0)
+assert tfgc.codecs.lookup("AdaptiveQuantize") is tfgc.mqgrad.AdaptiveQuantize
+try:
+    tfgc.callbacks
+except ImportError as error:
+    print("callbacks:", error)
+print("ok", type(opt).__name__)
+""", timeout=120)
+    assert "ok DistributedSGD" in out
+    assert "callbacks: tfgc.callbacks holds tf_keras callbacks" in out
+
+
+def test_keras3_model_with_a_distributed_optimizer_saves_and_loads(run_python, tmp_path):
+    path = tmp_path / "model.keras"
+    run_python(f"""
+import keras, numpy as np
+import tfgc
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(64), keras.layers.Dense(2)])
+opt = tfgc.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                compression=tfgc.codecs.ThreeLC(1.5), min_elements=100)
+model.compile(opt, "mse")
+model.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), verbose=0)
+model.save({str(path)!r})
+""", timeout=120)
+    out = run_python(f"""
+import keras, numpy as np
+import tfgc  # registers tfgc's optimizer classes with Keras
+model = keras.saving.load_model({str(path)!r})
+opt = model.optimizer
+print(type(opt).__name__, repr(opt.compression), opt.min_elements)
+model.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), verbose=0)
+print("trained", int(opt.iterations.numpy()))
+""", timeout=120)
+    assert "DistributedAdam ThreeLC(sparsity=1.5) 100" in out
+    assert "trained 2" in out

@@ -4,13 +4,33 @@ Importing tfgc loads its op library (tfgc_ops), so any process that imports it, 
 parameter server included, can run the decode ops.
 """
 import tfgc_ops  # noqa: F401  (loads the op library)
-from tfgc import callbacks, codecs
+from tfgc import codecs
 from tfgc.memory import ErrorFeedback
 from tfgc.optimizer import DistributedOptimizer
 from tfgc.variables import compressed_pulls, get_variable
+from tfgc.keras3_optimizer import register_keras_optimizers
+
+register_keras_optimizers()  # `.keras` files saved with a DistributedOptimizer load
 
 __version__ = "0.1.0"
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
     "compressed_pulls",
 ]
+
+
+def __getattr__(name):
+    # Imported on first use: the callbacks (and telemetry) need tf_keras, which Keras 3
+    # users need not install.
+    import importlib
+
+    if name == "mqgrad":
+        return importlib.import_module("tfgc.mqgrad")
+    if name in ("callbacks", "telemetry"):
+        try:
+            return importlib.import_module(f"tfgc.{name}")
+        except ImportError as error:
+            raise ImportError(
+                f"tfgc.{name} holds tf_keras callbacks and needs tf_keras "
+                "(pip install 'tfgc[keras]', or tf_keras==2.21.*)") from error
+    raise AttributeError(f"module 'tfgc' has no attribute {name!r}")

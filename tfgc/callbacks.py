@@ -1,5 +1,5 @@
-"""Keras callbacks of tfgc."""
-from tfgc.mqgrad import MQGrad
+"""Keras (tf_keras) callbacks of tfgc; imported on first use, as they need tf_keras."""
+from tfgc.mqgrad.callback import MQGrad
 from tfgc.telemetry import TrafficLogger
 
 __all__ = ["MQGrad", "TrafficLogger"]

@@ -32,10 +32,31 @@ def keras3_distributed_class(optimizer_class):
             "from tfgc's `keras` extra, or use tf_keras"
         )
     if optimizer_class not in _CLASSES:
-        _CLASSES[optimizer_class] = type(
-            f"Distributed{optimizer_class.__name__}", (_Keras3Mixin, optimizer_class), {}
-        )
+        import keras  # noqa: PLC0415
+
+        name = f"Distributed{optimizer_class.__name__}"
+        cls = type(name, (_Keras3Mixin, optimizer_class), {})
+        # Saved as "tfgc>DistributedAdam": `.keras` files load where tfgc is imported.
+        _CLASSES[optimizer_class] = keras.saving.register_keras_serializable(
+            package="tfgc", name=name)(cls)
     return _CLASSES[optimizer_class]
+
+
+def register_keras_optimizers():
+    """Makes every Keras 3 built-in optimizer's compressing class known to Keras's
+    deserialization (`keras.saving.load_model`); `import tfgc` calls it. A no-op
+    without Keras 3 or with another backend."""
+    try:
+        import keras  # noqa: PLC0415
+        from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
+    except ImportError:
+        return
+    if not hasattr(TFOptimizer, HOOK):
+        return
+    for value in vars(keras.optimizers).values():
+        if (isinstance(value, type) and issubclass(value, TFOptimizer)
+                and value.__name__ in vars(keras.optimizers)):
+            keras3_distributed_class(value)
 
 
 class _Keras3Mixin(CompressingBase):

@@ -79,22 +79,29 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
       NotImplementedError: a Keras 3 optimizer with `pull_compression`, or one without
         the hook tfgc relies on.
     """
-    import tf_keras
-
     if isinstance(optimizer, CompressingBase):
         raise TypeError(
             f"{type(optimizer).__name__} is already a DistributedOptimizer; wrap the inner "
             "optimizer once")
-    if isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    try:
+        import tf_keras  # only tf_keras users need it installed
+    except ImportError:
+        tf_keras = None
+    name = type(optimizer).__name__
+    if tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+        raise TypeError(
+            f"{name} is a legacy tf_keras optimizer ({type(optimizer).__module__}); tfgc "
+            f"wraps tf_keras's current ones: use tf_keras.optimizers.{name}(...) with the "
+            f"same arguments (under TF_USE_LEGACY_KERAS=1: tf.keras.optimizers.{name})")
+    if tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.Optimizer):
         make_class = distributed_class
-    elif type(optimizer).__module__.startswith("keras"):
+    elif any(c.__module__.startswith("keras.") for c in type(optimizer).__mro__):
         from tfgc.keras3_optimizer import keras3_distributed_class  # noqa: PLC0415
 
         make_class = keras3_distributed_class
     else:
         raise TypeError(
-            f"expected a tf_keras or Keras 3 optimizer, got {type(optimizer).__name__}"
-        )
+            f"expected a tf_keras or Keras 3 optimizer, got {type(optimizer).__module__}.{name}")
     small_compression = _small_codec(small_compression)
     for what, codec in (("compression", compression), ("pull_compression", pull_compression),
                         ("small_compression", small_compression)):

@@ -13,9 +13,11 @@
 | LogQuant(bits)        | FastSGD       | bits                        | no       | no         |
 | FastSGD(b, tau, l)    | FastSGD       | 8 per kept value + key bits | no       | no         |
 | Quantize(bits)        | MQGrad        | bits (2..8, run-time)       | no       | no         |
+| AdaptiveQuantize(rho) | MQGrad (base) | bits chosen per tensor      | no       | no         |
 | QSGD(bits)            | GradiVeQ      | bits                        | no       | yes        |
 | GradiVeQ(lambda, ...) | GradiVeQ      | 32 d / K (conv kernels)     | yes      | no         |
 """
+from tfgc.codecs.adaptive import AdaptiveQuantize
 from tfgc.codecs.base import Codec, StochasticCodec, payload_nbytes
 from tfgc.codecs.fastsgd import FastSGD
 from tfgc.codecs.gradiveq import GradiVeQ
@@ -30,17 +32,34 @@ from tfgc.codecs.threelc import ThreeLC
 _CODECS = {
     cls.__name__: cls
     for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
-                LogQuant, FastSGD, Quantize, QSGD, GradiVeQ)
+                LogQuant, FastSGD, Quantize, AdaptiveQuantize, QSGD, GradiVeQ)
 }
 
 
 def register(cls):
     """Makes a codec class known to `deserialize` (for codecs defined outside this
-    package, such as `tfgc.mqgrad.AdaptiveQuantize`); returns it, so it can decorate."""
+    package); returns it, so it can decorate."""
     if not (isinstance(cls, type) and issubclass(cls, Codec)):
         raise TypeError(f"register takes a Codec subclass, got {cls!r}")
     _CODECS[cls.__name__] = cls
     return cls
+
+
+def names():
+    """The class names `lookup` and `deserialize` know, sorted."""
+    return sorted(_CODECS)
+
+
+def lookup(name):
+    """The codec class called `name` (e.g. "ThreeLC"), registered ones included.
+
+    Raises:
+      ValueError: no such codec (the message lists the known ones).
+    """
+    try:
+        return _CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {names()}") from None
 
 
 def serialize(codec):
@@ -50,16 +69,12 @@ def serialize(codec):
 
 def deserialize(spec):
     """Inverse of `serialize`."""
-    try:
-        cls = _CODECS[spec["class_name"]]
-    except KeyError:
-        raise ValueError(f"unknown codec {spec.get('class_name')!r}; known: {sorted(_CODECS)}") from None
-    return cls.from_config(spec["config"])
+    return lookup(spec.get("class_name")).from_config(spec["config"])
 
 
 __all__ = [
     "Codec", "StochasticCodec", "payload_nbytes", "register", "serialize", "deserialize",
-    "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary", "OneBit",
-    "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "QSGD",
-    "GradiVeQ",
+    "lookup", "names", "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary",
+    "OneBit", "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "AdaptiveQuantize",
+    "QSGD", "GradiVeQ",
 ]

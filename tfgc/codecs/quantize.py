@@ -36,6 +36,14 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         x = base.check_floating(x, self.name)
         return self._quantize(x, self._checked_bits())
 
+    def encode_with_bits(self, x, bits):
+        """The payload of `x` quantized with `bits` (2..8, a number or an int32 tensor)
+        instead of `self.bits`, e.g. to size what a number of bits would send."""
+        x = base.check_floating(x, self.name)
+        if not tf.is_tensor(bits):
+            check_bits(bits)
+        return self._quantize(x, tf.convert_to_tensor(bits, tf.int32))[0]
+
     def _quantize(self, x, bits):
         """(payload, reconstruction) of floating `x` with `bits` (an int32 scalar in range).
 
