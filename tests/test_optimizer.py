@@ -436,3 +436,22 @@ print("trained", int(opt.iterations.numpy()))
 """, timeout=120)
     assert "DistributedAdam ThreeLC(sparsity=1.5) 100" in out
     assert "trained 2" in out
+
+
+def test_silent_no_ops_warn():
+    import warnings
+
+    with pytest.warns(UserWarning, match="QSGD, an unbiased codec"):
+        tfgc.ErrorFeedback(C.QSGD(bits=4, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tfgc.ErrorFeedback(C.ThreeLC(1.0))  # biased: error feedback is what it needs
+        with tfgc.compressed_pulls():  # single process: pulls are simulated locally
+            local = tf.Variable(tf.zeros([64, 32]))
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        with pytest.warns(UserWarning, match="changes nothing under an all-reduce strategy"):
+            with tfgc.compressed_pulls():
+                pass
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8())
+    with pytest.warns(UserWarning, match="no pull_compression: they are pulled as they are"):
+        opt.build([local])

@@ -3,11 +3,14 @@
 Everything above the codecs (wires, optimizers, pulled variables, callbacks) asks here
 whether the strategy has parameter servers, makes its per-replica or per-worker
 variables here, and gathers tensors of unequal length across replicas with the word
-packing here. It imports nothing else of tfgc, so any module may import it.
+packing here. It imports nothing else of tfgc (only the op library), so any module
+may import it.
 """
 import contextlib
 
 import tensorflow as tf
+
+import tfgc_ops
 
 #: Variables with fewer elements are not compressed by the main codec (3LC sends them
 #: as they are; tfgc sends them with the small-tensor codec).
@@ -17,6 +20,34 @@ DEFAULT_MIN_ELEMENTS = 1024
 def is_parameter_server(strategy):
     """True for ParameterServerStrategy (variables on servers, asynchronous workers)."""
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def require_ops_on(devices):
+    """Raises unless every device in `devices` can run tfgc's ops.
+
+    A parameter server or worker started without `import tfgc` lacks the op library;
+    without this check its first step would fail with "Op type not registered" deep
+    inside `fit`. One tiny op runs on each device.
+
+    Raises:
+      RuntimeError: a device's process lacks the ops (the message says what to do).
+    """
+    for device in sorted(set(devices)):
+        try:
+            with tf.device(device):
+                tfgc_ops.zero_run_decode(tf.zeros([1], tf.uint8)).numpy()
+        except tf.errors.OpError as error:
+            if "registered" not in str(error):  # "not registered", "neither ... registered"
+                raise
+            raise RuntimeError(
+                f"{device} cannot run tfgc's ops: import tfgc in every parameter server "
+                "and worker process before it serves (`import tfgc` before "
+                "tf.distribute.Server(...); tfgc.cluster's servers do)") from None
+
+
+def worker_devices(strategy):
+    """The CPU device of every worker task under ParameterServerStrategy."""
+    return [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(num_workers(strategy))]
 
 
 def dense_nbytes(variable):

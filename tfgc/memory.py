@@ -15,6 +15,8 @@ gradient: the payload still carries the failure (see tfgc.codecs.base), so a
 downstream check sees it, and r is left as it was, so one bad step never poisons
 later ones.
 """
+import warnings
+
 import tensorflow as tf
 
 from tfgc.codecs import base
@@ -36,6 +38,12 @@ class ErrorFeedback(tf.Module, base.Codec):
         tf.Module.__init__(self, name=name)
         if not isinstance(codec, base.Codec):
             raise TypeError(f"ErrorFeedback wraps a tfgc Codec, got {type(codec).__name__}")
+        if codec.unbiased:
+            warnings.warn(
+                f"ErrorFeedback around {type(codec).__name__}, an unbiased codec: its "
+                "errors average out on their own, and a residual only adds a buffer per "
+                "tensor (and, for stochastic rounding, variance); use the codec as it is",
+                stacklevel=2)
         self.codec = codec
         self.residuals = {}
 

@@ -26,7 +26,10 @@ import tensorflow as tf
 
 from tfgc import codecs
 from tfgc.codecs import base
-from tfgc.distribute import DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable
+from tfgc.distribute import (
+    DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, require_ops_on,
+    worker_devices,
+)
 from tfgc.memory import ErrorFeedback, feedback_step
 from tfgc.variables import PulledVariable
 from tfgc.wire import ParameterServerPull, choose_wire
@@ -211,6 +214,9 @@ class CompressingBase:
                     f"{self.compression.name} compresses nothing (the largest has "
                     f"{max(v.shape.num_elements() or 0 for v in var_list)}); lower "
                     "min_elements to compress them", stacklevel=3)
+            strategy = tf.distribute.get_strategy()
+            if is_parameter_server(strategy) and tf.executing_eagerly():
+                require_ops_on([v.device for v in var_list] + worker_devices(strategy))
             self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
             self._traffic = {
                 d: _counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
@@ -251,7 +257,13 @@ class CompressingBase:
         """Makes the `PulledVariable`s among `variables` pull through
         `pull_compression`, one group (one message per step) per parameter server."""
         waiting = [v for v in variables if isinstance(v, PulledVariable) and v.pull_codec is None]
-        if self.pull_compression is None or not waiting:
+        if not waiting:
+            return
+        if self.pull_compression is None:
+            warnings.warn(
+                f"{len(waiting)} variable(s) were created under tfgc.compressed_pulls(), but "
+                "this DistributedOptimizer has no pull_compression: they are pulled as they "
+                "are (fp32); pass pull_compression=... to compress them", stacklevel=3)
             return
         if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
             # The step reading these variables was traced with uncompressed pulls.

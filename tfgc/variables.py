@@ -32,6 +32,7 @@ as usual.
 """
 import contextlib
 import threading
+import warnings
 import weakref
 
 import tensorflow as tf
@@ -92,6 +93,14 @@ def compressed_pulls(min_elements=0):
         with `pull_compression`, the small ones (biases, batch norm; below the
         optimizer's `min_elements`) with its small-tensor codec, as its pushes.
     """
+
+    strategy = tf.distribute.get_strategy()
+    if tf.distribute.has_strategy() and not is_parameter_server(strategy):
+        warnings.warn(
+            "tfgc.compressed_pulls() changes nothing under an all-reduce strategy (every "
+            f"replica of {type(strategy).__name__} holds the model; nothing is pulled); "
+            "it applies to ParameterServerStrategy and to single-process training",
+            stacklevel=3)
 
     def creator(next_creator, **kwargs):
         variable = next_creator(**kwargs)

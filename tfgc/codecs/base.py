@@ -32,6 +32,10 @@ class Codec(abc.ABC):
     #: `DistributedOptimizer` then keeps no residual for them.
     supports_error_feedback = True
 
+    #: True when E[decode(encode(x))] = x (stochastic rounding): such a codec needs no
+    #: error feedback, and `ErrorFeedback` around it warns.
+    unbiased = False
+
     #: True when `encode` takes `tf.IndexedSlices` as they are (sparse gradients);
     #: other codecs get them as dense tensors.
     accepts_indexed_slices = False

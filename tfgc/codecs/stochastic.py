@@ -13,6 +13,8 @@ class StochasticTernary(base.StochasticCodec):
     Payload: {"data": quartic bytes, "scale": M in x's dtype, "shape"}.
     """
 
+    unbiased = True
+
     def __init__(self, seed=None):
         super().__init__(seed=seed, name="stochastic_ternary")
 
@@ -58,6 +60,8 @@ class QSGD(base.StochasticCodec):
 
     Payload: {"data": packed codes, "norms" (one per bucket, x's dtype), "shape"}.
     """
+
+    unbiased = True
 
     def __init__(self, bits=4, bucket_size=512, seed=None):
         quantize.check_bits(bits)
