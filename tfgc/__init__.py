@@ -6,11 +6,13 @@ parameter server included, can run the decode ops.
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
 from tfgc.memory import ErrorFeedback
-from tfgc.optimizer import DistributedOptimizer
+from tfgc.optimizer import DistributedOptimizer, register_tf_keras_optimizers
 from tfgc.variables import compressed_pulls, get_variable
 from tfgc.keras3_optimizer import register_keras_optimizers
 
-register_keras_optimizers()  # `.keras` files saved with a DistributedOptimizer load
+# Saved models compiled with a DistributedOptimizer load wherever tfgc is imported.
+register_tf_keras_optimizers()
+register_keras_optimizers()
 
 __version__ = "0.1.0"
 __all__ = [

@@ -132,10 +132,28 @@ _DISTRIBUTED_CLASSES = {}
 def distributed_class(optimizer_class):
     """The compressing subclass of a tf_keras optimizer class (made once per class)."""
     if optimizer_class not in _DISTRIBUTED_CLASSES:
-        _DISTRIBUTED_CLASSES[optimizer_class] = type(
-            f"Distributed{optimizer_class.__name__}", (_CompressingMixin, optimizer_class), {}
-        )
+        import tf_keras  # noqa: PLC0415
+
+        name = f"Distributed{optimizer_class.__name__}"
+        cls = type(name, (_CompressingMixin, optimizer_class), {})
+        # Saved as "tfgc>DistributedSGD": SavedModels and .keras files load where
+        # tfgc is imported.
+        _DISTRIBUTED_CLASSES[optimizer_class] = tf_keras.saving.register_keras_serializable(
+            package="tfgc", name=name)(cls)
     return _DISTRIBUTED_CLASSES[optimizer_class]
+
+
+def register_tf_keras_optimizers():
+    """Makes every tf_keras built-in optimizer's compressing class known to tf_keras's
+    deserialization (`load_model`); `import tfgc` calls it. A no-op without tf_keras."""
+    try:
+        import tf_keras  # noqa: PLC0415
+    except ImportError:
+        return
+    for value in vars(tf_keras.optimizers).values():
+        if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
+                and value is not tf_keras.optimizers.Optimizer):
+            distributed_class(value)
 
 
 class CompressingBase:
@@ -145,6 +163,15 @@ class CompressingBase:
     Subclasses call `_init_compression` from `__init__` and `_build_compression` from
     `build`, and define `_variable_index`.
     """
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if str(getattr(save_type, "value", save_type)) == "savedmodel":
+            # Error-feedback residuals are per-worker buffers under ParameterServerStrategy,
+            # which a SavedModel cannot hold; an exported model needs none of them.
+            # Checkpoints (BackupAndRestore, tf.train.Checkpoint) keep them.
+            children.pop("_residuals", None)
+        return children
 
     def _init_compression(self, compression, pull_compression, min_elements, error_feedback,
                           small_compression, bucket_bytes):

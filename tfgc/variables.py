@@ -36,8 +36,10 @@ import warnings
 import weakref
 
 import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
 from tensorflow.python.framework import ops, tensor_conversion_registry
 from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+from tensorflow.python.saved_model import save_context
 from tensorflow.python.trackable import base as trackable
 
 from tfgc.codecs import base
@@ -114,6 +116,15 @@ def compressed_pulls(min_elements=0):
 
 def _maybe_pulled(master, min_elements):
     strategy = tf.distribute.get_strategy()
+    if isinstance(master, sharded_variable.ShardedVariable):
+        # A `variable_partitioner` split it over parameter servers: each shard is
+        # pulled like a variable of its own, by the group of its server.
+        shards = [_maybe_pulled(shard, min_elements) for shard in master.variables]
+        container = sharded_variable.ShardedVariable(shards, name=master.name.split(":")[0])
+        for shard in shards:
+            # The optimizer groups its slots by the masters' container: make it this one.
+            getattr(shard, "master", shard)._sharded_container = weakref.ref(container)
+        return container
     if not (master.trainable and master.dtype.is_floating):
         return master
     if master.shape.num_elements() < min_elements:
@@ -192,6 +203,8 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
             self._codec is not None
             and not tf.executing_eagerly()
             and not tf.distribute.in_cross_replica_context()
+            # A SavedModel export traces the model to serve it: from the master.
+            and not save_context.in_save_context()
         )
 
     def _cache_state(self):
@@ -309,6 +322,13 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
 
     def _should_act_as_resource_variable(self):
         """Passes resource_variable_ops.is_resource_variable."""
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        # A SavedModel holds the master; the per-worker cache is no part of the model.
+        names = self._master._export_to_saved_model_graph(  # noqa: SLF001
+            object_map, tensor_map, options, **kwargs)
+        object_map[self] = object_map[self._master]
+        return names
 
     def _gather_saveables_for_checkpoint(self):
         # Checkpoints hold the master; caches resynchronise with a full pull.
