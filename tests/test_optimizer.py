@@ -455,3 +455,13 @@ def test_silent_no_ops_warn():
     opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8())
     with pytest.warns(UserWarning, match="no pull_compression: they are pulled as they are"):
         opt.build([local])
+    # The other way round: pull_compression, but the model was built outside the scope.
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                    pull_compression=C.Int8())
+    with pytest.warns(UserWarning, match="no variable was created under tfgc.compressed_pulls"):
+        opt.build([tf.Variable(tf.zeros([64, 32]))])
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                    pull_compression=C.Int8())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.build([local])

@@ -244,6 +244,13 @@ class CompressingBase:
             strategy = tf.distribute.get_strategy()
             if is_parameter_server(strategy) and tf.executing_eagerly():
                 require_ops_on([v.device for v in var_list] + worker_devices(strategy))
+            if self.pull_compression is not None and not getattr(self, "_saw_pulled", False):
+                warnings.warn(
+                    "pull_compression is set but no variable was created under "
+                    "tfgc.compressed_pulls(): the model is pulled as it is (fp32). Build the "
+                    "model inside that scope (a Keras model without an input shape makes "
+                    "its weights at its first call: `model.build(input_shape)` there)",
+                    stacklevel=3)
             self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
             self._traffic = {
                 d: _counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
@@ -283,6 +290,8 @@ class CompressingBase:
     def _enable_pulls(self, variables):
         """Makes the `PulledVariable`s among `variables` pull through
         `pull_compression`, one group (one message per step) per parameter server."""
+        if any(isinstance(v, PulledVariable) for v in variables):
+            self._saw_pulled = True
         waiting = [v for v in variables if isinstance(v, PulledVariable) and v.pull_codec is None]
         if not waiting:
             return
