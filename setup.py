@@ -11,7 +11,7 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# Flags that are ours rather than TensorFlow's (see DESIGN.md, "C++ ops").
+# Flags that are ours rather than TensorFlow's (README, "The ops").
 EXTRA_COMPILE_ARGS = ["-O3", "-g0", "-DNDEBUG", "-fvisibility=hidden",
                       "-Wno-deprecated-declarations", "-Wno-interference-size"]
 

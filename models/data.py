@@ -25,7 +25,6 @@ size for scaling runs.
 import dataclasses
 import glob
 import gzip
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -50,7 +49,6 @@ _FASHION_FILES = {
 }
 _FASHION_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 _WEKA_EXAMPLES = "usr/share/doc/weka/examples"
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class DataUnavailableError(RuntimeError):
@@ -406,15 +404,6 @@ def reuters_arff_path(name="ReutersCorn-train", root=None):
     return path
 
 
-def _fastsgd_keys_module():
-    # The ARFF reader and text hashing of the FastSGD key benchmark: one implementation.
-    path = os.path.join(_REPO, "benchmarks", "fastsgd_keys.py")
-    spec = importlib.util.spec_from_file_location("tfgc_bench_fastsgd_keys", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def reuters_hashed(name="ReutersCorn-train", dim=2**20, features="tfidf", path=None):
     """Real hashed text: a Reuters-21578 ARFF file as sparse feature-hashed rows.
 
@@ -429,10 +418,11 @@ def reuters_hashed(name="ReutersCorn-train", dim=2**20, features="tfidf", path=N
     """
     import scipy.sparse
 
-    fk = _fastsgd_keys_module()
+    from models import arff
+
     path = path or reuters_arff_path(name)
-    _, texts, labels, _ = fk.load_documents(path)
-    rows = fk.featurize(texts, dim, features)
+    _, texts, labels, _ = arff.load_documents(path)
+    rows = arff.featurize(texts, dim, features)
     indptr = np.cumsum([0] + [len(i) for i, _ in rows])
     indices = np.concatenate([i for i, _ in rows]) if rows else np.zeros(0, np.int64)
     values = np.concatenate([v for _, v in rows]) if rows else np.zeros(0, np.float32)

@@ -50,7 +50,6 @@ import argparse
 import ast
 import contextlib
 import csv
-import inspect
 import json
 import os
 import signal
@@ -298,16 +297,7 @@ def _has_tensorboard():
 
 
 def _bandwidth_kwargs(args):
-    if not args.bandwidth:
-        return {}
-    from tfgc import cluster
-
-    if "bandwidth" not in inspect.signature(cluster.LocalCluster.__init__).parameters:
-        raise NotImplementedError(
-            "--bandwidth needs bandwidth emulation in tfgc.cluster.LocalCluster, which this "
-            "tfgc does not have yet; run without --bandwidth"
-        )
-    return {"bandwidth": args.bandwidth}
+    return {"bandwidth": args.bandwidth} if args.bandwidth else {}
 
 
 def train(args):
