@@ -6,9 +6,10 @@ parameter server included, can run the decode ops.
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
 from tfgc.memory import ErrorFeedback
-from tfgc.optimizer import DistributedOptimizer, register_tf_keras_optimizers
+from tfgc.optimizer import (
+    DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
+)
 from tfgc.variables import compressed_pulls, get_variable
-from tfgc.keras3_optimizer import register_keras_optimizers
 
 # Saved models compiled with a DistributedOptimizer load wherever tfgc is imported.
 register_tf_keras_optimizers()

@@ -29,11 +29,10 @@ advances the schedule once per push (so warm-up and L_t, L_c count pushes, and t
 samples are single workers' gradients), and each worker keeps a copy of U and mu that it
 pulls once per refresh. A compressed push still in flight across a whole sampling phase
 would be decoded with the new compressor; with L_t pushes in between this needs a
-worker that stalls for L_t of its peers' steps. The schedule's counters are not updated
-under a lock on the parameter server: a push encoded in an earlier phase is not a
-sample (that sampling phase runs longer), and two pushes decoded at the same moment can
-both end a sampling phase (one extra refresh). The aggregate stays correct; only the
-schedule's timing varies.
+worker that stalls for L_t of its peers' steps. The parameter server advances the
+schedule one push at a time (a `tf.CriticalSection` around each decode's update of the
+counters), so two pushes decoded at the same moment cannot both end a sampling phase;
+a push encoded in an earlier phase is not a sample (that sampling phase runs longer).
 
 `GradiVeQ(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
 for each compressed variable) returns the per-layer `GradiVeQLayer`, a `tf.Module`
@@ -246,6 +245,12 @@ class GradiVeQLayer(tf.Module, base.Codec):
                     "version": tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                            name="worker_version", per_worker_variable=True),
                 }
+            # Pushes that the parameter server decodes at the same moment advance the
+            # schedule one at a time (else two could both end a sampling phase).
+            self._schedule_lock = None
+            if is_parameter_server(tf.distribute.get_strategy()):
+                with tf.device(self.phase.device):
+                    self._schedule_lock = tf.CriticalSection(name="schedule_lock")
 
     def get_config(self):
         return self.settings.get_config()
@@ -315,12 +320,21 @@ class GradiVeQLayer(tf.Module, base.Codec):
         total = self._reconstruct(payload)
         votes = payload.get("votes")
         votes = tf.reduce_sum(votes) if votes is not None else tf.constant(0.0)
-        # The schedule moves on from the state's phase: under ParameterServerStrategy
-        # another worker's push may have moved it since this payload was encoded, and
-        # only a payload encoded while sampling is a sample.
-        advance = self._advance(self.phase.read_value(), total, votes, 1,
-                                is_sample=tf.equal(payload["phase"], SAMPLING))
-        with tf.control_dependencies([advance]):
+        is_sample = tf.equal(payload["phase"], SAMPLING)
+
+        def advance():
+            # The schedule moves on from the state's phase: under ParameterServerStrategy
+            # another worker's push may have moved it since this payload was encoded,
+            # and only a payload encoded while sampling is a sample.
+            with tf.control_dependencies(
+                    [self._advance(self.phase.read_value(), total, votes, 1, is_sample)]):
+                return self.step.read_value()
+
+        if self._schedule_lock is None:
+            advanced = advance()
+        else:
+            advanced = self._schedule_lock.execute(advance, exclusive_resource_access=False)
+        with tf.control_dependencies([advanced]):
             return tf.identity(total)
 
     def _encode(self, x, num_workers):

@@ -1,159 +1,22 @@
-"""DistributedOptimizer: compress gradients where they cross the wire (tf_keras optimizers).
-
-Where the wire is depends on the strategy in scope when gradients are applied; the
-wire is chosen once per step (see tfgc.wire):
-
-* ParameterServerStrategy: each worker encodes its gradients (with error feedback kept
-  on the worker) and packs all payloads bound for one parameter server into ONE fused
-  uint8 message; the server's graph partition receives only that message, unpacks it
-  against the layout both sides know and decodes locally.
-* Mirrored / MultiWorkerMirroredStrategy (more than one replica): a `summable` codec's
-  floating payload tensors are all-reduced in the compressed domain and decoded once;
-  any other codec's payloads are all-gathered (padded to the longest) and every
-  replica decodes and sums all of them.
-* No strategy (one replica): gradients are encoded, fused, unpacked and decoded
-  locally, so the effect of compression on accuracy can be studied on one machine.
-
-Variables with fewer than `min_elements` elements (biases, batch norm) are not
-compressed by the main codec: they travel in the fused message encoded by
-`small_compression` (float16 by default; None sends them as they are), and are
-all-reduced as they are under all-reduce strategies.
-"""
+"""What tfgc's optimizers share, whichever Keras they extend: codecs bound per variable,
+error-feedback buffers, traffic counters and the wires (see `tfgc.optimizer`)."""
 import json
 import warnings
 
 import tensorflow as tf
 
 from tfgc import codecs
-from tfgc.codecs import base
 from tfgc.distribute import (
-    DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, require_ops_on,
-    worker_devices,
+    dense_nbytes, is_parameter_server, local_variable, require_ops_on, worker_devices,
 )
-from tfgc.memory import ErrorFeedback, feedback_step
+from tfgc.memory import feedback_step
 from tfgc.variables import PulledVariable
 from tfgc.wire import ParameterServerPull, choose_wire
-from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
-#: The codec of gradients below `min_elements`, unless the optimizer is given another.
 DEFAULT_SMALL_COMPRESSION = "float16"
 # Traffic is counted per direction and per variable: bytes on the wire, and the bytes of
 # the dense tensors they replace.
 DIRECTIONS = ("push", "pull")
-
-
-def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Horovod's)
-    optimizer,
-    compression,
-    pull_compression=None,
-    min_elements=DEFAULT_MIN_ELEMENTS,
-    error_feedback=True,
-    small_compression=DEFAULT_SMALL_COMPRESSION,
-    bucket_bytes=DEFAULT_BUCKET_BYTES,
-):
-    """Returns a copy of `optimizer` that compresses the gradients it applies.
-
-    The result is an instance of a subclass of `optimizer`'s class, built from its
-    config, so hyperparameters, `iterations` and `learning_rate` behave as the inner
-    optimizer's. Wrap an optimizer before training: its slots are not copied.
-
-    Args:
-      optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`), or a Keras 3
-        optimizer for single-process and all-reduce training (see
-        tfgc.keras3_optimizer).
-      compression: a `tfgc.codecs.Codec` for gradients.
-      pull_compression: a codec for model pulls from parameter servers (3LC): the
-        variables this optimizer builds with that were created by
-        `tfgc.get_variable` or under `tfgc.compressed_pulls()` are read on workers
-        from caches updated by compressed deltas (see tfgc.variables).
-      min_elements: variables with fewer elements are not compressed by
-        `compression` (3LC's rule): they go with `small_compression`.
-      error_feedback: keep each compressed variable's residual (3LC's error
-        accumulation) on the worker that produced it.
-      small_compression: the codec of gradients below `min_elements` on fused wires
-        (parameter servers, one process): "float16" (the default: `Cast("float16")`,
-        which saturates instead of overflowing), a `tfgc.codecs.Codec`, or None to
-        send them as they are. All-reduce strategies sum them as they are.
-      bucket_bytes: under all-reduce strategies, about how many bytes one collective
-        carries (gradients are packed into buckets; default 25 MiB, as PyTorch DDP).
-
-    Raises:
-      TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
-      NotImplementedError: a Keras 3 optimizer with `pull_compression`, or one without
-        the hook tfgc relies on.
-    """
-    if isinstance(optimizer, CompressingBase):
-        raise TypeError(
-            f"{type(optimizer).__name__} is already a DistributedOptimizer; wrap the inner "
-            "optimizer once")
-    try:
-        import tf_keras  # only tf_keras users need it installed
-    except ImportError:
-        tf_keras = None
-    name = type(optimizer).__name__
-    if tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
-        raise TypeError(
-            f"{name} is a legacy tf_keras optimizer ({type(optimizer).__module__}); tfgc "
-            f"wraps tf_keras's current ones: use tf_keras.optimizers.{name}(...) with the "
-            f"same arguments (under TF_USE_LEGACY_KERAS=1: tf.keras.optimizers.{name})")
-    if tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.Optimizer):
-        make_class = distributed_class
-    elif any(c.__module__.startswith("keras.") for c in type(optimizer).__mro__):
-        from tfgc.keras3_optimizer import keras3_distributed_class  # noqa: PLC0415
-
-        make_class = keras3_distributed_class
-    else:
-        raise TypeError(
-            f"expected a tf_keras or Keras 3 optimizer, got {type(optimizer).__module__}.{name}")
-    small_compression = _small_codec(small_compression)
-    for what, codec in (("compression", compression), ("pull_compression", pull_compression),
-                        ("small_compression", small_compression)):
-        if codec is not None and not isinstance(codec, base.Codec):
-            raise TypeError(f"{what} must be a tfgc codec, got {type(codec).__name__}")
-    if compression is None:
-        raise TypeError("compression must be a tfgc codec, got None")
-    if isinstance(compression, ErrorFeedback) and error_feedback:
-        warnings.warn(
-            "compression=ErrorFeedback(...) with error_feedback=True keeps two residuals "
-            "per variable; pass the bare codec (the optimizer keeps the residuals) or "
-            "error_feedback=False", stacklevel=2)
-    config = optimizer.get_config()
-    config.update(
-        compression=compression, pull_compression=pull_compression,
-        min_elements=min_elements, error_feedback=error_feedback,
-        small_compression=small_compression, bucket_bytes=bucket_bytes,
-    )
-    return make_class(type(optimizer)).from_config(config)
-
-
-_DISTRIBUTED_CLASSES = {}
-
-
-def distributed_class(optimizer_class):
-    """The compressing subclass of a tf_keras optimizer class (made once per class)."""
-    if optimizer_class not in _DISTRIBUTED_CLASSES:
-        import tf_keras  # noqa: PLC0415
-
-        name = f"Distributed{optimizer_class.__name__}"
-        cls = type(name, (_CompressingMixin, optimizer_class), {})
-        # Saved as "tfgc>DistributedSGD": SavedModels and .keras files load where
-        # tfgc is imported.
-        _DISTRIBUTED_CLASSES[optimizer_class] = tf_keras.saving.register_keras_serializable(
-            package="tfgc", name=name)(cls)
-    return _DISTRIBUTED_CLASSES[optimizer_class]
-
-
-def register_tf_keras_optimizers():
-    """Makes every tf_keras built-in optimizer's compressing class known to tf_keras's
-    deserialization (`load_model`); `import tfgc` calls it. A no-op without tf_keras."""
-    try:
-        import tf_keras  # noqa: PLC0415
-    except ImportError:
-        return
-    for value in vars(tf_keras.optimizers).values():
-        if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
-                and value is not tf_keras.optimizers.Optimizer):
-            distributed_class(value)
 
 
 class CompressingBase:
@@ -177,7 +40,7 @@ class CompressingBase:
                           small_compression, bucket_bytes):
         compression, pull_compression, small_compression = (
             codecs.deserialize(c) if isinstance(c, dict) else c
-            for c in (compression, pull_compression, _small_codec(small_compression)))
+            for c in (compression, pull_compression, small_codec(small_compression)))
         self.compression = compression
         self.pull_compression = pull_compression
         self.small_compression = small_compression
@@ -253,7 +116,7 @@ class CompressingBase:
                     stacklevel=3)
             self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
             self._traffic = {
-                d: _counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
+                d: counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
             }
         missing = [
             v for v in var_list if self.compresses(v) and self._key(v) not in self._codecs
@@ -270,7 +133,7 @@ class CompressingBase:
             codec = self.compression.bind(variable)
             self._codecs[self._key(variable)] = codec
             if self.error_feedback and codec.supports_error_feedback:
-                self._residuals[self._residual_key(variable)] = _residual_variable(variable)
+                self._residuals[self._residual_key(variable)] = residual_variable(variable)
 
     def _key(self, variable):
         # Positions are stable across processes, so checkpoints restore state to the
@@ -391,49 +254,7 @@ class CompressingBase:
         return pairs
 
 
-class _CompressingMixin(CompressingBase):
-    """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire)."""
-
-    def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
-                 small_compression=DEFAULT_SMALL_COMPRESSION,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_compression(compression, pull_compression, min_elements, error_feedback,
-                               small_compression, bucket_bytes)
-
-    def get_config(self):
-        return self._compression_config(super().get_config())
-
-    def _variable_index(self, variable):
-        return self._index_dict[self._var_key(variable)]
-
-    def build(self, var_list):
-        self._enable_pulls(var_list)  # all at once: one pull group per parameter server
-        var_list = [self._master_of(v) for v in var_list]
-        super().build(var_list)
-        self._build_compression(var_list)
-
-    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
-                        **kwargs):
-        grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
-        if not grads_and_vars:
-            return super().apply_gradients(grads_and_vars, name=name)
-        with tf.init_scope():
-            self.build([v for _, v in grads_and_vars])
-        strategy = tf.distribute.get_strategy()
-        aggregate = not skip_gradients_aggregation and kwargs.pop(
-            "experimental_aggregate_gradients", True
-        )
-        pairs = self._send_all(strategy, grads_and_vars, aggregate)
-        # Every wire delivers gradients ready to apply: aggregated across replicas
-        # where that was asked for, or one worker's own under parameter servers.
-        return super().apply_gradients(
-            pairs, name=name, skip_gradients_aggregation=True, **kwargs
-        )
-
-
-def _small_codec(spec):
+def small_codec(spec):
     """The small-tensor codec named by `spec` ("float16", a codec, its config, None)."""
     if isinstance(spec, str):
         if spec != DEFAULT_SMALL_COMPRESSION:
@@ -444,7 +265,7 @@ def _small_codec(spec):
     return spec
 
 
-def _residual_variable(variable):
+def residual_variable(variable):
     """A zero residual of `variable`'s shape kept where its gradients are produced."""
     # Under PSS one copy per worker: a residual on the parameter server would be pulled
     # in fp32. Under mirrored strategies a checkpoint keeps the replicas' sum, the total
@@ -453,6 +274,6 @@ def _residual_variable(variable):
                           f"residual/{variable.name.split(':')[0]}", per_worker=True)
 
 
-def _counter_variable(shape, name):
+def counter_variable(shape, name):
     """Cumulative int64 byte counters that every replica or worker adds to."""
     return local_variable(tf.zeros(shape, tf.int64), name, per_worker=False)

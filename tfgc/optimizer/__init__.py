@@ -1,0 +1,122 @@
+"""DistributedOptimizer: compress gradients where they cross the wire.
+
+The package: `base` (what both Keras flavours share: codecs per variable, error
+feedback, counters, the wires), `tfkeras` (tf_keras optimizers: every strategy),
+`keras3` (Keras 3 optimizers: one process and all-reduce).
+
+Where the wire is depends on the strategy in scope when gradients are applied; the
+wire is chosen once per step (see tfgc.wire):
+
+* ParameterServerStrategy: each worker encodes its gradients (with error feedback kept
+  on the worker) and packs all payloads bound for one parameter server into ONE fused
+  uint8 message; the server's graph partition receives only that message, unpacks it
+  against the layout both sides know and decodes locally.
+* Mirrored / MultiWorkerMirroredStrategy (more than one replica): a `summable` codec's
+  floating payload tensors are all-reduced in the compressed domain and decoded once;
+  any other codec's payloads are all-gathered (padded to the longest) and every
+  replica decodes and sums all of them.
+* No strategy (one replica): gradients are encoded, fused, unpacked and decoded
+  locally, so the effect of compression on accuracy can be studied on one machine.
+
+Variables with fewer than `min_elements` elements (biases, batch norm) are not
+compressed by the main codec: they travel in the fused message encoded by
+`small_compression` (float16 by default; None sends them as they are), and are
+all-reduced as they are under all-reduce strategies.
+"""
+import warnings
+
+from tfgc.codecs.base import Codec
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS
+from tfgc.memory import ErrorFeedback
+from tfgc.optimizer.base import DEFAULT_SMALL_COMPRESSION, DIRECTIONS, CompressingBase, small_codec
+from tfgc.optimizer.keras3 import keras3_distributed_class, register_keras_optimizers
+from tfgc.optimizer.tfkeras import distributed_class, register_tf_keras_optimizers
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
+
+__all__ = [
+    "DistributedOptimizer", "CompressingBase", "distributed_class", "keras3_distributed_class",
+    "register_tf_keras_optimizers", "register_keras_optimizers", "DEFAULT_SMALL_COMPRESSION",
+    "DIRECTIONS",
+]
+
+
+def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Horovod's)
+    optimizer,
+    compression,
+    pull_compression=None,
+    min_elements=DEFAULT_MIN_ELEMENTS,
+    error_feedback=True,
+    small_compression=DEFAULT_SMALL_COMPRESSION,
+    bucket_bytes=DEFAULT_BUCKET_BYTES,
+):
+    """Returns a copy of `optimizer` that compresses the gradients it applies.
+
+    The result is an instance of a subclass of `optimizer`'s class, built from its
+    config, so hyperparameters, `iterations` and `learning_rate` behave as the inner
+    optimizer's. Wrap an optimizer before training: its slots are not copied.
+
+    Args:
+      optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`), or a Keras 3
+        optimizer for single-process and all-reduce training (see
+        tfgc.optimizer.keras3).
+      compression: a `tfgc.codecs.Codec` for gradients.
+      pull_compression: a codec for model pulls from parameter servers (3LC): the
+        variables this optimizer builds with that were created by
+        `tfgc.get_variable` or under `tfgc.compressed_pulls()` are read on workers
+        from caches updated by compressed deltas (see tfgc.variables).
+      min_elements: variables with fewer elements are not compressed by
+        `compression` (3LC's rule): they go with `small_compression`.
+      error_feedback: keep each compressed variable's residual (3LC's error
+        accumulation) on the worker that produced it.
+      small_compression: the codec of gradients below `min_elements` on fused wires
+        (parameter servers, one process): "float16" (the default: `Cast("float16")`,
+        which saturates instead of overflowing), a `tfgc.codecs.Codec`, or None to
+        send them as they are. All-reduce strategies sum them as they are.
+      bucket_bytes: under all-reduce strategies, about how many bytes one collective
+        carries (gradients are packed into buckets; default 25 MiB, as PyTorch DDP).
+
+    Raises:
+      TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
+      NotImplementedError: a Keras 3 optimizer with `pull_compression`, or one without
+        the hook tfgc relies on.
+    """
+    if isinstance(optimizer, CompressingBase):
+        raise TypeError(
+            f"{type(optimizer).__name__} is already a DistributedOptimizer; wrap the inner "
+            "optimizer once")
+    try:
+        import tf_keras  # only tf_keras users need it installed
+    except ImportError:
+        tf_keras = None
+    name = type(optimizer).__name__
+    if tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+        raise TypeError(
+            f"{name} is a legacy tf_keras optimizer ({type(optimizer).__module__}); tfgc "
+            f"wraps tf_keras's current ones: use tf_keras.optimizers.{name}(...) with the "
+            f"same arguments (under TF_USE_LEGACY_KERAS=1: tf.keras.optimizers.{name})")
+    if tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.Optimizer):
+        make_class = distributed_class
+    elif any(c.__module__.startswith("keras.") for c in type(optimizer).__mro__):
+        make_class = keras3_distributed_class
+    else:
+        raise TypeError(
+            f"expected a tf_keras or Keras 3 optimizer, got {type(optimizer).__module__}.{name}")
+    small_compression = small_codec(small_compression)
+    for what, codec in (("compression", compression), ("pull_compression", pull_compression),
+                        ("small_compression", small_compression)):
+        if codec is not None and not isinstance(codec, Codec):
+            raise TypeError(f"{what} must be a tfgc codec, got {type(codec).__name__}")
+    if compression is None:
+        raise TypeError("compression must be a tfgc codec, got None")
+    if isinstance(compression, ErrorFeedback) and error_feedback:
+        warnings.warn(
+            "compression=ErrorFeedback(...) with error_feedback=True keeps two residuals "
+            "per variable; pass the bare codec (the optimizer keeps the residuals) or "
+            "error_feedback=False", stacklevel=2)
+    config = optimizer.get_config()
+    config.update(
+        compression=compression, pull_compression=pull_compression,
+        min_elements=min_elements, error_feedback=error_feedback,
+        small_compression=small_compression, bucket_bytes=bucket_bytes,
+    )
+    return make_class(type(optimizer)).from_config(config)

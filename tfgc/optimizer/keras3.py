@@ -1,0 +1,96 @@
+"""DistributedOptimizer for Keras 3 optimizers (TensorFlow backend).
+
+Keras 3 sums gradients across replicas in one private method,
+`TFOptimizer._all_reduce_sum_gradients` (keras/src/backend/tensorflow/optimizer.py);
+the subclass made here overrides it, the narrowest hook there is, so every other step
+of `apply` (loss scaling, gradient accumulation, EMA, constraints, `iterations`) stays
+Keras's own. Being private, the hook is checked when an optimizer is wrapped; the
+keras versions it was verified with are pinned in the `keras` extra (pyproject.toml).
+
+Supported: single-process use (encode and decode locally) and all-reduce strategies
+(Mirrored, MultiWorkerMirrored). ParameterServerStrategy has no Keras 3 `fit`
+(keras-team/keras#18624): use tf_keras there.
+"""
+import tensorflow as tf
+
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
+from tfgc.optimizer.base import DEFAULT_SMALL_COMPRESSION, CompressingBase
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
+
+HOOK = "_all_reduce_sum_gradients"
+_CLASSES = {}
+
+
+def keras3_distributed_class(optimizer_class):
+    """The compressing subclass of a Keras 3 optimizer class (made once per class)."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
+
+    if not issubclass(optimizer_class, TFOptimizer) or not hasattr(TFOptimizer, HOOK):
+        raise NotImplementedError(
+            f"{optimizer_class.__name__} is not a Keras 3 optimizer of the TensorFlow "
+            f"backend with `{HOOK}`; set KERAS_BACKEND=tensorflow and use a keras version "
+            "from tfgc's `keras` extra, or use tf_keras"
+        )
+    if optimizer_class not in _CLASSES:
+        import keras  # noqa: PLC0415
+
+        name = f"Distributed{optimizer_class.__name__}"
+        cls = type(name, (_Keras3Mixin, optimizer_class), {})
+        # Saved as "tfgc>DistributedAdam": `.keras` files load where tfgc is imported.
+        _CLASSES[optimizer_class] = keras.saving.register_keras_serializable(
+            package="tfgc", name=name)(cls)
+    return _CLASSES[optimizer_class]
+
+
+def register_keras_optimizers():
+    """Makes every Keras 3 built-in optimizer's compressing class known to Keras's
+    deserialization (`keras.saving.load_model`); `import tfgc` calls it. A no-op
+    without Keras 3 or with another backend."""
+    try:
+        import keras  # noqa: PLC0415
+        from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
+    except ImportError:
+        return
+    if not hasattr(TFOptimizer, HOOK):
+        return
+    for value in vars(keras.optimizers).values():
+        if (isinstance(value, type) and issubclass(value, TFOptimizer)
+                and value.__name__ in vars(keras.optimizers)):
+            keras3_distributed_class(value)
+
+
+class _Keras3Mixin(CompressingBase):
+    """Keras 3: overrides `build` (codecs, buffers) and the replicas' gradient sum."""
+
+    def __init__(self, *args, compression, pull_compression=None,
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
+                 small_compression=DEFAULT_SMALL_COMPRESSION,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
+        super().__init__(*args, **kwargs)
+        if pull_compression is not None:
+            raise NotImplementedError(
+                "pull_compression needs parameter servers, which Keras 3 cannot train "
+                "with; use a tf_keras optimizer"
+            )
+        self._init_compression(compression, pull_compression, min_elements, error_feedback,
+                               small_compression, bucket_bytes)
+
+    def get_config(self):
+        return self._compression_config(super().get_config())
+
+    def _variable_index(self, variable):
+        return self._get_variable_index(variable)
+
+    def build(self, variables):
+        super().build(variables)
+        # Keras variables wrap tf.Variables; the hook receives the latter.
+        with tf.init_scope():
+            self._build_compression([getattr(v, "value", v) for v in variables])
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        strategy = tf.distribute.get_strategy()
+        if is_parameter_server(strategy):
+            raise NotImplementedError(
+                "Keras 3 has no ParameterServerStrategy training; use a tf_keras optimizer"
+            )
+        return self._send_all(strategy, grads_and_vars, aggregate=True)

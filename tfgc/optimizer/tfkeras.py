@@ -1,0 +1,78 @@
+"""DistributedOptimizer for tf_keras optimizers: parameter servers (pushes and pulls),
+all-reduce strategies and one process."""
+import tensorflow as tf
+
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS
+from tfgc.optimizer.base import DEFAULT_SMALL_COMPRESSION, CompressingBase
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
+
+_DISTRIBUTED_CLASSES = {}
+
+
+def distributed_class(optimizer_class):
+    """The compressing subclass of a tf_keras optimizer class (made once per class)."""
+    if optimizer_class not in _DISTRIBUTED_CLASSES:
+        import tf_keras  # noqa: PLC0415
+
+        name = f"Distributed{optimizer_class.__name__}"
+        cls = type(name, (_CompressingMixin, optimizer_class), {})
+        # Saved as "tfgc>DistributedSGD": SavedModels and .keras files load where
+        # tfgc is imported.
+        _DISTRIBUTED_CLASSES[optimizer_class] = tf_keras.saving.register_keras_serializable(
+            package="tfgc", name=name)(cls)
+    return _DISTRIBUTED_CLASSES[optimizer_class]
+
+
+def register_tf_keras_optimizers():
+    """Makes every tf_keras built-in optimizer's compressing class known to tf_keras's
+    deserialization (`load_model`); `import tfgc` calls it. A no-op without tf_keras."""
+    try:
+        import tf_keras  # noqa: PLC0415
+    except ImportError:
+        return
+    for value in vars(tf_keras.optimizers).values():
+        if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
+                and value is not tf_keras.optimizers.Optimizer):
+            distributed_class(value)
+
+
+class _CompressingMixin(CompressingBase):
+    """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire)."""
+
+    def __init__(self, *args, compression, pull_compression=None,
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
+                 small_compression=DEFAULT_SMALL_COMPRESSION,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_compression(compression, pull_compression, min_elements, error_feedback,
+                               small_compression, bucket_bytes)
+
+    def get_config(self):
+        return self._compression_config(super().get_config())
+
+    def _variable_index(self, variable):
+        return self._index_dict[self._var_key(variable)]
+
+    def build(self, var_list):
+        self._enable_pulls(var_list)  # all at once: one pull group per parameter server
+        var_list = [self._master_of(v) for v in var_list]
+        super().build(var_list)
+        self._build_compression(var_list)
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
+                        **kwargs):
+        grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
+        if not grads_and_vars:
+            return super().apply_gradients(grads_and_vars, name=name)
+        with tf.init_scope():
+            self.build([v for _, v in grads_and_vars])
+        strategy = tf.distribute.get_strategy()
+        aggregate = not skip_gradients_aggregation and kwargs.pop(
+            "experimental_aggregate_gradients", True
+        )
+        pairs = self._send_all(strategy, grads_and_vars, aggregate)
+        # Every wire delivers gradients ready to apply: aggregated across replicas
+        # where that was asked for, or one worker's own under parameter servers.
+        return super().apply_gradients(
+            pairs, name=name, skip_gradients_aggregation=True, **kwargs
+        )
