@@ -75,6 +75,7 @@ def test_non_finite_input_decodes_non_finite(rng, codec, bad):
     assert not np.isfinite(decoded).all()
 
 
+@pytest.mark.filterwarnings("ignore:ErrorFeedback around .* an unbiased codec")  # on purpose
 @pytest.mark.parametrize("codec", CODECS, ids=IDS)
 def test_error_feedback_conserves_every_codec(rng, codec):
     feedback = tfgc.ErrorFeedback(codec)

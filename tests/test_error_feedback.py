@@ -90,6 +90,7 @@ OVERFLOWING = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:ErrorFeedback around .* an unbiased codec")  # on purpose
 @pytest.mark.parametrize("codec,dtype,huge", OVERFLOWING, ids=lambda v: repr(v)[:24])
 def test_residual_stays_finite_when_a_finite_input_overflows_the_codec(rng, codec, dtype, huge):
     ef = tfgc.ErrorFeedback(codec)

@@ -159,6 +159,9 @@ class CompressingBase:
         if not waiting:
             return
         if self.pull_compression is None:
+            if getattr(self, "_warned_uncompressed_pulls", False):
+                return
+            self._warned_uncompressed_pulls = True
             warnings.warn(
                 f"{len(waiting)} variable(s) were created under tfgc.compressed_pulls(), but "
                 "this DistributedOptimizer has no pull_compression: they are pulled as they "
