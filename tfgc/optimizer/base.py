@@ -7,11 +7,13 @@ import tensorflow as tf
 
 from tfgc import codecs
 from tfgc.distribute import (
-    dense_nbytes, is_parameter_server, local_variable, require_ops_on, worker_devices,
+    DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, require_ops_on,
+    worker_devices,
 )
 from tfgc.memory import feedback_step
 from tfgc.variables import PulledVariable
 from tfgc.wire import ParameterServerPull, choose_wire
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
 DEFAULT_SMALL_COMPRESSION = "float16"
 # Traffic is counted per direction and per variable: bytes on the wire, and the bytes of
@@ -19,13 +21,33 @@ DEFAULT_SMALL_COMPRESSION = "float16"
 DIRECTIONS = ("push", "pull")
 
 
+def compressing_subclass(mixin, optimizer_class, cache, register):
+    """`Distributed<Name>(mixin, optimizer_class)`, made once per class (in `cache`) and
+    registered with Keras serialization as "tfgc>Distributed<Name>" (`register`: a
+    `register_keras_serializable`), so saved models load wherever tfgc is imported."""
+    if optimizer_class not in cache:
+        name = f"Distributed{optimizer_class.__name__}"
+        cls = type(name, (mixin, optimizer_class), {})
+        cache[optimizer_class] = register(package="tfgc", name=name)(cls)
+    return cache[optimizer_class]
+
+
 class CompressingBase:
     """What tfgc's optimizer subclasses share, whichever Keras they extend: the codec
     bound to each variable, error-feedback buffers, traffic counters and the wires.
 
-    Subclasses call `_init_compression` from `__init__` and `_build_compression` from
-    `build`, and define `_variable_index`.
+    It comes before the Keras optimizer class in the subclass's bases: its `__init__`
+    takes the compression arguments and passes the rest on. Subclasses call
+    `_build_compression` from `build` and define `_variable_index`.
     """
+
+    def __init__(self, *args, compression, pull_compression=None,
+                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
+                 small_compression=DEFAULT_SMALL_COMPRESSION,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_compression(compression, pull_compression, min_elements, error_feedback,
+                               small_compression, bucket_bytes)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)

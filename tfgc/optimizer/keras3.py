@@ -13,9 +13,8 @@ Supported: single-process use (encode and decode locally) and all-reduce strateg
 """
 import tensorflow as tf
 
-from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
-from tfgc.optimizer.base import DEFAULT_SMALL_COMPRESSION, CompressingBase
-from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
+from tfgc.distribute import is_parameter_server
+from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 HOOK = "_all_reduce_sum_gradients"
 _CLASSES = {}
@@ -31,15 +30,10 @@ def keras3_distributed_class(optimizer_class):
             f"backend with `{HOOK}`; set KERAS_BACKEND=tensorflow and use a keras version "
             "from tfgc's `keras` extra, or use tf_keras"
         )
-    if optimizer_class not in _CLASSES:
-        import keras  # noqa: PLC0415
+    import keras  # noqa: PLC0415
 
-        name = f"Distributed{optimizer_class.__name__}"
-        cls = type(name, (_Keras3Mixin, optimizer_class), {})
-        # Saved as "tfgc>DistributedAdam": `.keras` files load where tfgc is imported.
-        _CLASSES[optimizer_class] = keras.saving.register_keras_serializable(
-            package="tfgc", name=name)(cls)
-    return _CLASSES[optimizer_class]
+    return compressing_subclass(_Keras3Mixin, optimizer_class, _CLASSES,
+                                keras.saving.register_keras_serializable)
 
 
 def register_keras_optimizers():
@@ -62,18 +56,13 @@ def register_keras_optimizers():
 class _Keras3Mixin(CompressingBase):
     """Keras 3: overrides `build` (codecs, buffers) and the replicas' gradient sum."""
 
-    def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
-                 small_compression=DEFAULT_SMALL_COMPRESSION,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, pull_compression=None, **kwargs):
         if pull_compression is not None:
             raise NotImplementedError(
                 "pull_compression needs parameter servers, which Keras 3 cannot train "
                 "with; use a tf_keras optimizer"
             )
-        self._init_compression(compression, pull_compression, min_elements, error_feedback,
-                               small_compression, bucket_bytes)
+        super().__init__(*args, **kwargs)
 
     def get_config(self):
         return self._compression_config(super().get_config())

@@ -2,25 +2,17 @@
 all-reduce strategies and one process."""
 import tensorflow as tf
 
-from tfgc.distribute import DEFAULT_MIN_ELEMENTS
-from tfgc.optimizer.base import DEFAULT_SMALL_COMPRESSION, CompressingBase
-from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
+from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 _DISTRIBUTED_CLASSES = {}
 
 
 def distributed_class(optimizer_class):
     """The compressing subclass of a tf_keras optimizer class (made once per class)."""
-    if optimizer_class not in _DISTRIBUTED_CLASSES:
-        import tf_keras  # noqa: PLC0415
+    import tf_keras  # noqa: PLC0415
 
-        name = f"Distributed{optimizer_class.__name__}"
-        cls = type(name, (_CompressingMixin, optimizer_class), {})
-        # Saved as "tfgc>DistributedSGD": SavedModels and .keras files load where
-        # tfgc is imported.
-        _DISTRIBUTED_CLASSES[optimizer_class] = tf_keras.saving.register_keras_serializable(
-            package="tfgc", name=name)(cls)
-    return _DISTRIBUTED_CLASSES[optimizer_class]
+    return compressing_subclass(_CompressingMixin, optimizer_class, _DISTRIBUTED_CLASSES,
+                                tf_keras.saving.register_keras_serializable)
 
 
 def register_tf_keras_optimizers():
@@ -38,14 +30,6 @@ def register_tf_keras_optimizers():
 
 class _CompressingMixin(CompressingBase):
     """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire)."""
-
-    def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
-                 small_compression=DEFAULT_SMALL_COMPRESSION,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_compression(compression, pull_compression, min_elements, error_feedback,
-                               small_compression, bucket_bytes)
 
     def get_config(self):
         return self._compression_config(super().get_config())
