@@ -58,11 +58,9 @@ from tfgc.codecs import base, identity
 from tfgc.codecs.stochastic import QSGD
 from tfgc.distribute import is_parameter_server
 
-WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
-# Python control flow here only ever tests Python values; converting it with autograph
-# would only slow tracing down.
-_plain_python = tf.autograph.experimental.do_not_convert
-PHASES = ("warmup", "sampling", "compressed")
+from tfgc.codecs.gradiveq_schedule import (  # noqa: F401  (PHASES: public)
+    COMPRESSED, PHASES, SAMPLING, WARMUP, Schedule, plain_python, state,
+)
 
 
 class GradiVeQ(base.Codec):
@@ -175,7 +173,7 @@ class GradiVeQ(base.Codec):
         self.encode(None)
 
 
-class GradiVeQLayer(tf.Module, base.Codec):
+class GradiVeQLayer(Schedule, tf.Module, base.Codec):
     """GradiVeQ's compressor and schedule for one (H, W, D, F) convolution kernel.
 
     Made by `GradiVeQ.bind`. Under Mirrored/MultiWorkerMirroredStrategy the optimizer
@@ -222,16 +220,16 @@ class GradiVeQLayer(tf.Module, base.Codec):
         g, k = self.num_groups, self.slice_size
         first = WARMUP if settings.warmup_steps > 0 else SAMPLING
         with self.name_scope:
-            self.step = _state(tf.constant(0, tf.int64), "step")
-            self.phase = _state(tf.constant(first, tf.int32), "phase")
-            self.phase_step = _state(tf.constant(0, tf.int32), "phase_step")
-            self.dim = _state(tf.constant(self.max_dim, tf.int32), "dim")
-            self.basis = _state(tf.zeros([g, k, self.max_dim]), "basis")
-            self.mean = _state(tf.zeros([g, k]), "mean")
-            self.samples = _state(tf.zeros([settings.sampling_steps, g, k]), "samples")
-            self.retained = _state(tf.zeros([g]), "retained")
-            self.refreshes = _state(tf.constant(0, tf.int64), "refreshes")
-            self.early_stops = _state(tf.constant(0, tf.int64), "early_stops")
+            self.step = state(tf.constant(0, tf.int64), "step")
+            self.phase = state(tf.constant(first, tf.int32), "phase")
+            self.phase_step = state(tf.constant(0, tf.int32), "phase_step")
+            self.dim = state(tf.constant(self.max_dim, tf.int32), "dim")
+            self.basis = state(tf.zeros([g, k, self.max_dim]), "basis")
+            self.mean = state(tf.zeros([g, k]), "mean")
+            self.samples = state(tf.zeros([settings.sampling_steps, g, k]), "samples")
+            self.retained = state(tf.zeros([g]), "retained")
+            self.refreshes = state(tf.constant(0, tf.int64), "refreshes")
+            self.early_stops = state(tf.constant(0, tf.int64), "early_stops")
             # Under ParameterServerStrategy the state lives on a parameter server; each
             # worker keeps a copy of U and mu that it refreshes once per PCA refresh,
             # so a compressed push does not first pull K x d_max floats.
@@ -305,16 +303,16 @@ class GradiVeQLayer(tf.Module, base.Codec):
 
     # --- the codec face (one process, ParameterServerStrategy) ---------------------------
 
-    @_plain_python
+    @plain_python
     def encode(self, x):
         return self._encode(x, num_workers=1)
 
-    @_plain_python
+    @plain_python
     def encode_and_reconstruct(self, x):
         payload = self._encode(x, num_workers=1)
         return payload, self._reconstruct(payload)
 
-    @_plain_python
+    @plain_python
     def decode(self, payload):
         """Decodes `payload` and advances the schedule by one step (see the class doc)."""
         total = self._reconstruct(payload)
@@ -400,7 +398,7 @@ class GradiVeQLayer(tf.Module, base.Codec):
 
     # --- the all-reduce face (Mirrored / MultiWorkerMirroredStrategy) ---------------------
 
-    @_plain_python
+    @plain_python
     def all_reduce(self, gradient, replica_context):
         """Sums every replica's `gradient` as the current phase says; advances the schedule.
 
@@ -478,81 +476,6 @@ class GradiVeQLayer(tf.Module, base.Codec):
         vote = tf.reshape(loss > self.settings.early_stop_loss, [1])
         return coefficients, tf.cast(vote, tf.float32)
 
-    def _advance(self, phase, total, votes, num_workers, is_sample=True):
-        """Moves the schedule one step on, storing `total` as a sample when sampling."""
-        settings = self.settings
-        step = self.phase_step.read_value()
-        total = tf.cast(total, tf.float32)
-        finite = base.all_finite(total)
-
-        def warm():
-            done = step + 1 >= settings.warmup_steps
-            return tf.where(done, SAMPLING, WARMUP), tf.where(done, 0, step + 1)
-
-        def sample():
-            def store():
-                first = self._grouped(tf.reshape(total, [self.num_slices, self.slice_size]))[:, 0]
-                self.samples.assign(
-                    tf.tensor_scatter_nd_update(self.samples, [[step]], first[None]))
-                return step + 1
-
-            # A non-finite sum is a failed step, not a sample.
-            taken = tf.cond(finite & is_sample, store, lambda: step)
-            done = taken >= settings.sampling_steps
-            refreshed = tf.cond(done, self.refresh, lambda: tf.constant(False))
-            with tf.control_dependencies([refreshed]):
-                return tf.where(done, COMPRESSED, SAMPLING), tf.where(done, 0, taken)
-
-        def compressed():
-            stop = 2.0 * votes > float(num_workers)
-            done = step + 1 >= settings.compressed_steps
-            self.early_stops.assign_add(tf.cast(stop & ~done, tf.int64))
-            return tf.where(stop | done, SAMPLING, COMPRESSED), tf.where(stop | done, 0, step + 1)
-
-        next_phase, next_step = tf.switch_case(phase, [warm, sample, compressed])
-        return tf.group(
-            self.phase.assign(next_phase),
-            self.phase_step.assign(next_step),
-            self.step.assign_add(1),
-        )
-
-    @_plain_python
-    def refresh(self):
-        """PCA over the stored samples: sets mu, U_d and d (Eq. 6). Returns True.
-
-        The covariance's eigenvectors are the right singular vectors of the centred
-        [L_t, K] sample matrix; they are computed from its L_t x L_t Gram matrix in
-        float64, which costs O(L_t^2 K) instead of an SVD of the K x K covariance.
-        """
-        samples = tf.cast(tf.transpose(self.samples, [1, 0, 2]), tf.float64)  # [G, L, K]
-        mean = tf.reduce_mean(samples, axis=1)
-        centred = samples - mean[:, None, :]
-        gram = tf.matmul(centred, centred, transpose_b=True)  # [G, L, L]
-        eigenvalues, eigenvectors = tf.linalg.eigh(gram)  # ascending
-        eigenvalues = tf.reverse(tf.maximum(eigenvalues, 0.0), [-1])[:, : self.max_dim]
-        eigenvectors = tf.reverse(eigenvectors, [-1])[:, :, : self.max_dim]
-        singular = tf.sqrt(eigenvalues)
-        usable = singular > 1e-9 * tf.maximum(singular[:, :1], 1e-300)
-        basis = tf.matmul(centred, eigenvectors, transpose_a=True)  # [G, K, d_max]
-        scale = tf.where(usable, singular, 1.0)[:, None, :]
-        basis = tf.where(usable[:, None, :], basis / scale, 0.0)
-        energy = tf.reduce_sum(tf.square(centred), axis=[1, 2])
-        kept = tf.cumsum(eigenvalues, axis=-1) / tf.maximum(energy, 1e-300)[:, None]
-        # Eq. 6 per group; the layer uses the largest d so all slices share one length.
-        short = tf.cast(kept < 1.0 - self.settings.loss_threshold, tf.int32)
-        dims = 1 + tf.reduce_sum(short, axis=-1)
-        dim = tf.minimum(tf.reduce_max(dims), self.max_dim)
-        retained = tf.where(energy > 0, tf.gather(kept, dim - 1, axis=-1), 1.0)
-        updates = [
-            self.mean.assign(tf.cast(mean, tf.float32)),
-            self.basis.assign(tf.cast(basis, tf.float32)),
-            self.dim.assign(dim),
-            self.retained.assign(tf.cast(retained, tf.float32)),
-            self.refreshes.assign_add(1),
-        ]
-        with tf.control_dependencies(updates):
-            return tf.constant(True)
-
     # --- helpers ------------------------------------------------------------------------
 
     def _check_shape(self, x):
@@ -594,19 +517,3 @@ class _SeededQSGD(QSGD):
 
     def decode_parts(self, data, norms, n):
         return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)})
-
-
-def _state(initial_value, name):
-    """A compressor state variable that each replica updates on its own copy.
-
-    Every replica applies the same update to the same aggregated values, so the copies
-    stay equal without communication; checkpoints keep the first replica's copy.
-    """
-    strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
-        return tf.Variable(
-            initial_value, trainable=False, name=name,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-    return tf.Variable(initial_value, trainable=False, name=name)

@@ -1,0 +1,109 @@
+"""GradiVeQ's schedule and PCA (Yu et al., section 4): the per-layer state that moves
+through warm-up, sampling and compressed phases, and the refresh that turns the
+sampling phase's gradients into the compressor U_d, mu, d (Eq. 6)."""
+import tensorflow as tf
+
+from tfgc.codecs import base
+from tfgc.distribute import is_parameter_server
+
+WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
+PHASES = ("warmup", "sampling", "compressed")
+# Python control flow here only ever tests Python values; converting it with autograph
+# would only slow tracing down.
+plain_python = tf.autograph.experimental.do_not_convert
+
+
+class Schedule:
+    """The schedule and PCA refresh of `GradiVeQLayer` (a mixin: it reads the layer's
+    settings, state variables and slicing)."""
+
+    def _advance(self, phase, total, votes, num_workers, is_sample=True):
+        """Moves the schedule one step on, storing `total` as a sample when sampling."""
+        settings = self.settings
+        step = self.phase_step.read_value()
+        total = tf.cast(total, tf.float32)
+        finite = base.all_finite(total)
+
+        def warm():
+            done = step + 1 >= settings.warmup_steps
+            return tf.where(done, SAMPLING, WARMUP), tf.where(done, 0, step + 1)
+
+        def sample():
+            def store():
+                first = self._grouped(tf.reshape(total, [self.num_slices, self.slice_size]))[:, 0]
+                self.samples.assign(
+                    tf.tensor_scatter_nd_update(self.samples, [[step]], first[None]))
+                return step + 1
+
+            # A non-finite sum is a failed step, not a sample.
+            taken = tf.cond(finite & is_sample, store, lambda: step)
+            done = taken >= settings.sampling_steps
+            refreshed = tf.cond(done, self.refresh, lambda: tf.constant(False))
+            with tf.control_dependencies([refreshed]):
+                return tf.where(done, COMPRESSED, SAMPLING), tf.where(done, 0, taken)
+
+        def compressed():
+            stop = 2.0 * votes > float(num_workers)
+            done = step + 1 >= settings.compressed_steps
+            self.early_stops.assign_add(tf.cast(stop & ~done, tf.int64))
+            return tf.where(stop | done, SAMPLING, COMPRESSED), tf.where(stop | done, 0, step + 1)
+
+        next_phase, next_step = tf.switch_case(phase, [warm, sample, compressed])
+        return tf.group(
+            self.phase.assign(next_phase),
+            self.phase_step.assign(next_step),
+            self.step.assign_add(1),
+        )
+
+    @plain_python
+    def refresh(self):
+        """PCA over the stored samples: sets mu, U_d and d (Eq. 6). Returns True.
+
+        The covariance's eigenvectors are the right singular vectors of the centred
+        [L_t, K] sample matrix; they are computed from its L_t x L_t Gram matrix in
+        float64, which costs O(L_t^2 K) instead of an SVD of the K x K covariance.
+        """
+        samples = tf.cast(tf.transpose(self.samples, [1, 0, 2]), tf.float64)  # [G, L, K]
+        mean = tf.reduce_mean(samples, axis=1)
+        centred = samples - mean[:, None, :]
+        gram = tf.matmul(centred, centred, transpose_b=True)  # [G, L, L]
+        eigenvalues, eigenvectors = tf.linalg.eigh(gram)  # ascending
+        eigenvalues = tf.reverse(tf.maximum(eigenvalues, 0.0), [-1])[:, : self.max_dim]
+        eigenvectors = tf.reverse(eigenvectors, [-1])[:, :, : self.max_dim]
+        singular = tf.sqrt(eigenvalues)
+        usable = singular > 1e-9 * tf.maximum(singular[:, :1], 1e-300)
+        basis = tf.matmul(centred, eigenvectors, transpose_a=True)  # [G, K, d_max]
+        scale = tf.where(usable, singular, 1.0)[:, None, :]
+        basis = tf.where(usable[:, None, :], basis / scale, 0.0)
+        energy = tf.reduce_sum(tf.square(centred), axis=[1, 2])
+        kept = tf.cumsum(eigenvalues, axis=-1) / tf.maximum(energy, 1e-300)[:, None]
+        # Eq. 6 per group; the layer uses the largest d so all slices share one length.
+        short = tf.cast(kept < 1.0 - self.settings.loss_threshold, tf.int32)
+        dims = 1 + tf.reduce_sum(short, axis=-1)
+        dim = tf.minimum(tf.reduce_max(dims), self.max_dim)
+        retained = tf.where(energy > 0, tf.gather(kept, dim - 1, axis=-1), 1.0)
+        updates = [
+            self.mean.assign(tf.cast(mean, tf.float32)),
+            self.basis.assign(tf.cast(basis, tf.float32)),
+            self.dim.assign(dim),
+            self.retained.assign(tf.cast(retained, tf.float32)),
+            self.refreshes.assign_add(1),
+        ]
+        with tf.control_dependencies(updates):
+            return tf.constant(True)
+
+
+def state(initial_value, name):
+    """A compressor state variable that each replica updates on its own copy.
+
+    Every replica applies the same update to the same aggregated values, so the copies
+    stay equal without communication; checkpoints keep the first replica's copy.
+    """
+    strategy = tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
+        return tf.Variable(
+            initial_value, trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+    return tf.Variable(initial_value, trainable=False, name=name)
