@@ -465,3 +465,12 @@ def test_silent_no_ops_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         opt.build([local])
+
+
+def test_a_keras3_optimizer_on_a_tf_keras_model_says_what_to_wrap():
+    import keras
+
+    model = tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(4,))])
+    opt = tfgc.DistributedOptimizer(keras.optimizers.Adam(0.1), compression=C.Int8())
+    with pytest.raises(ValueError, match=r"a Keras 3 optimizer.*tf_keras\.optimizers\.Adam\(\.\.\.\)"):
+        model.compile(opt, "mse")

@@ -27,7 +27,7 @@ def compressing_subclass(mixin, optimizer_class, cache, register):
     `register_keras_serializable`), so saved models load wherever tfgc is imported."""
     if optimizer_class not in cache:
         name = f"Distributed{optimizer_class.__name__}"
-        cls = type(name, (mixin, optimizer_class), {})
+        cls = type(name, (mixin, optimizer_class), {"__module__": mixin.__module__})
         cache[optimizer_class] = register(package="tfgc", name=name)(cls)
     return cache[optimizer_class]
 

@@ -64,6 +64,12 @@ class _Keras3Mixin(CompressingBase):
             )
         super().__init__(*args, **kwargs)
 
+    def __repr__(self):
+        # What tf_keras prints when a tf_keras model is compiled with this optimizer.
+        inner = next(c for c in type(self).__mro__ if not c.__module__.startswith("tfgc"))
+        return (f"<tfgc {type(self).__name__}, a Keras 3 optimizer: compile a Keras 3 model "
+                f"with it; for a tf_keras model wrap tf_keras.optimizers.{inner.__name__}(...)>")
+
     def get_config(self):
         return self._compression_config(super().get_config())
 
