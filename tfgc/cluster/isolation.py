@@ -46,6 +46,10 @@ _IFREQ = "16sh22x"  # struct ifreq: name, flags, padding to 40 bytes
 _warned = False
 
 
+class _UnshareRefused(OSError):
+    """unshare(2) failed: the process is still in its namespace."""
+
+
 class ExposedClusterWarning(RuntimeWarning):
     """A cluster's servers listen in a network namespace that other hosts can reach."""
 
@@ -123,13 +127,19 @@ def _write(path, text):
 
 
 def _unshare_in_place():
-    """Moves this (single-threaded) process into a new network namespace."""
+    """Moves this (single-threaded) process into a new network namespace.
+
+    Raises:
+      _UnshareRefused: unshare(2) refused; the process is where it was.
+    """
     uid, gid = os.getuid(), os.getgid()
     flags = _unshare_flags()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(flags) != 0:
         errno = ctypes.get_errno()
-        raise OSError(errno, f"unshare: {os.strerror(errno)}")
+        raise _UnshareRefused(errno, f"unshare: {os.strerror(errno)}")
+    # From here on the process is in the new namespace: a failure is an error, not a
+    # reason to go on without isolation (loopback would be down).
     if flags & _CLONE_NEWUSER:
         # Keep this user's ids; the capabilities a new user namespace grants its first
         # process are enough to bring loopback up.
@@ -182,10 +192,10 @@ def isolate():
     if len(os.listdir("/proc/self/task")) == 1:
         try:
             _unshare_in_place()
-            return True
-        except OSError as error:
+        except _UnshareRefused as error:
             warn_exposed(f"no private network namespace: {error}")
             return False
+        return True
     reason = unavailable()
     if reason is not None:
         warn_exposed(f"no private network namespace: {reason}")
