@@ -46,8 +46,6 @@ decay of the learning rate from --lr to --lr / 100 over the run, the learning ra
 scaled by the number of synchronous replicas, per-worker batch 32, random crop (4-pixel
 padding) and horizontal flip.
 """
-import argparse
-import ast
 import contextlib
 import csv
 import json
@@ -62,60 +60,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from models import supervise  # noqa: E402
+from models.recorder import HISTORY_FIELDS, recorder_classes  # noqa: E402
+from models.train_args import build_parser, parse_compression  # noqa: E402
 
-STRATEGIES = ("local", "ps", "mwms")
-_CODEC_ALIASES = {
-    "none": ("NoCompression", {}),
-    "fp32": ("NoCompression", {}),
-    "fp16": ("Cast", {"dtype": "float16"}),
-    "float16": ("Cast", {"dtype": "float16"}),
-    "bf16": ("Cast", {"dtype": "bfloat16"}),
-    "bfloat16": ("Cast", {"dtype": "bfloat16"}),
-    "ternary": ("StochasticTernary", {}),
-    "3lc": ("ThreeLC", {}),
-}
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
-HISTORY_FIELDS = ("step", "time_s", "loss", "accuracy", "push_bytes", "push_dense_bytes")
-
-
-# --- compression specs --------------------------------------------------------------------
-
-
-def parse_compression(spec):
-    """Parses a compression spec such as "threelc:sparsity=1.75" into a tfgc codec.
-
-    The name is a `tfgc.codecs` class name (case and underscores ignored) or an alias
-    (none, fp16, bf16, ternary, 3lc); arguments are `key=value` pairs separated by
-    commas, values parsed as Python literals (else kept as strings).
-
-    Raises:
-      ValueError: unknown codec, malformed argument, or arguments the codec rejects.
-    """
-    from tfgc import codecs
-
-    name, _, arg_text = spec.strip().partition(":")
-    key = name.strip().lower().replace("_", "").replace("-", "")
-    classes = {cls.lower(): cls for cls in codecs.names()}
-    if name.strip().lower() in _CODEC_ALIASES:
-        class_name, kwargs = _CODEC_ALIASES[name.strip().lower()]
-        kwargs = dict(kwargs)
-    elif key in classes:
-        class_name, kwargs = classes[key], {}
-    else:
-        known = sorted(set(_CODEC_ALIASES) | set(classes))
-        raise ValueError(f"unknown compression {name!r} in {spec!r}; known: {', '.join(known)}")
-    for item in filter(None, (p.strip() for p in arg_text.split(","))):
-        k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise ValueError(f"compression argument {item!r} in {spec!r} is not key=value")
-        try:
-            kwargs[k.strip()] = ast.literal_eval(v.strip())
-        except (ValueError, SyntaxError):
-            kwargs[k.strip()] = v.strip()
-    try:
-        return codecs.lookup(class_name)(**kwargs)
-    except TypeError as error:
-        raise ValueError(f"bad arguments for {class_name} in {spec!r}: {error}") from None
 
 
 # --- models and data ------------------------------------------------------------------
@@ -181,103 +129,6 @@ def make_optimizer(args, replicas, codec, pull_codec=None):
 
 
 # --- callbacks ----------------------------------------------------------------------------
-
-
-def _recorder_class():
-    import tf_keras
-
-    class Recorder(tf_keras.callbacks.Callback):
-        """Records time, loss, accuracy and push bytes per step (or per epoch under PSS).
-
-        tf_keras runs no batch-level callbacks under ParameterServerStrategy, so there
-        one row is written per Keras epoch (`--log-every` steps), with the optimizer's
-        push counters averaged over its steps and added to the epoch logs (progress
-        bar, TensorBoard), and the cluster's socket counters read.
-        """
-
-        def __init__(self, optimizer, steps_per_epoch, per_batch, cluster=None,
-                     rows_path=None):
-            super().__init__()
-            self.optimizer = optimizer
-            self.steps_per_epoch = steps_per_epoch
-            self.per_batch = per_batch
-            self.cluster = cluster
-            # JSON lines of every row written, kept across attempts (models.supervise).
-            self.rows_path = rows_path
-            self.rows, self.socket_rows = [], []
-            self.resumed_rows = 0  # rows that earlier attempts wrote
-            self.epoch = 0
-            self.start = None
-            self._last_counters = None
-
-        def _counters(self):
-            return {k: int(v.numpy()) for k, v in self.optimizer.traffic.items()}
-
-        def on_train_begin(self, logs=None):
-            self.start = time.monotonic()
-            self._last_counters = self._counters()
-            # A resumed attempt starts where the restored backup ended (BackupAndRestore
-            # runs first); the rows up to there come from the attempts before.
-            step = int(self.optimizer.iterations.numpy())
-            if self.rows_path and os.path.exists(self.rows_path):
-                with open(self.rows_path) as f:
-                    self.rows = [row for row in map(json.loads, f) if row["step"] <= step]
-            self.resumed_rows = len(self.rows)
-            if self.rows_path:
-                with open(self.rows_path, "w") as f:
-                    f.writelines(json.dumps(row) + "\n" for row in self.rows)
-            self.read_sockets(step)
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def _row(self, step, logs):
-            row = {"step": step, "time_s": time.monotonic() - self.start}
-            for key in HISTORY_FIELDS[2:]:
-                value = (logs or {}).get(key)
-                row[key] = None if value is None else float(value)
-            self.rows.append(row)
-            if self.rows_path:
-                with open(self.rows_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-
-        def on_epoch_end(self, epoch, logs=None):
-            step = (epoch + 1) * self.steps_per_epoch
-            if not self.per_batch:
-                counters = self._counters()
-                sent = (counters["push_bytes"] - self._last_counters["push_bytes"]) / self.steps_per_epoch
-                dense = (counters["push_dense_bytes"]
-                         - self._last_counters["push_dense_bytes"]) / self.steps_per_epoch
-                self._last_counters = counters
-                if logs is not None:
-                    logs.update(push_bytes=sent, push_dense_bytes=dense,
-                                compression_ratio=dense / sent if sent else 0.0)
-                self._row(step, logs)
-            self.read_sockets(step)
-
-        def read_sockets(self, step):
-            if self.cluster == "task":  # an MWMS worker: its own sockets to its peers
-                from tfgc import cluster as cluster_lib
-
-                peers = cluster_lib.task_traffic()
-                self.socket_rows.append({
-                    "step": step,
-                    "sent": sum(v["sent"] for v in peers.values()),
-                    "received": sum(v["received"] for v in peers.values()),
-                })
-            elif self.cluster is not None:
-                rows = self.cluster.socket_bytes()
-                self.socket_rows.append({
-                    "step": step,
-                    "worker_to_ps": self.cluster.traffic_between("worker", "ps", rows=rows),
-                    "ps_to_worker": self.cluster.traffic_between("ps", "worker", rows=rows),
-                })
-
-    class BatchRecorder(Recorder):
-        def on_train_batch_end(self, batch, logs=None):
-            self._row(self.epoch * self.steps_per_epoch + batch + 1, logs)
-
-    return Recorder, BatchRecorder
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -442,7 +293,7 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
         train_ds = train_ds.with_options(options)
 
     per_batch = args.strategy != "ps"
-    recorder = _recorder_class()[per_batch](
+    recorder = recorder_classes()[per_batch](
         optimizer, steps_per_epoch, per_batch, "task" if args.strategy == "mwms" else cluster,
         rows_path=supervise.rows_path(out) if args._attempt else None)
     callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
@@ -569,66 +420,6 @@ def launch_workers(args, argv):
 
 
 # --- command line -------------------------------------------------------------------------
-
-
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="python -m models.train", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add = parser.add_argument
-    add("--model", default="resnet20", help="resnet20/32/44/56/110 or mqgrad_cnn")
-    add("--dataset", default="cifar10", help="cifar10, cifar100, fashion_mnist or digits")
-    add("--allow-substitute", action="store_true",
-        help="use real Fashion-MNIST (recorded as a substitute) if CIFAR is not available")
-    add("--data-dir", default=None, help="tensorflow-datasets data_dir for CIFAR")
-    add("--manual-dir", default=None, help="directory holding cifar-10-binary.tar.gz")
-    add("--download", action="store_true", help="let tensorflow-datasets download CIFAR")
-    add("--train-limit", type=int, default=None, help="use the first N training images")
-    add("--test-limit", type=int, default=None, help="evaluate on the first N test images")
-    add("--compression", default="none", help="codec spec, e.g. threelc:sparsity=1.75")
-    add("--pull-compression", default="none",
-        help="codec spec for model pulls from parameter servers (3LC; --strategy ps or "
-             "local), e.g. threelc; none: fp32 pulls")
-    add("--no-error-feedback", dest="error_feedback", action="store_false",
-        help="disable error feedback (residual accumulation)")
-    add("--min-elements", type=int, default=1024,
-        help="variables with fewer elements are sent uncompressed")
-    add("--strategy", choices=STRATEGIES, default="local")
-    add("--workers", type=int, default=2)
-    add("--ps", type=int, default=1, help="parameter servers (--strategy ps)")
-    add("--bandwidth", default=None, help="emulated link bandwidth, e.g. 10mbit (ps)")
-    add("--steps", type=int, default=100, help="training steps (see the strategies)")
-    add("--log-every", type=int, default=50,
-        help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")
-    add("--batch-size", type=int, default=32, help="per-worker batch")
-    add("--lr", type=float, default=0.1, help="initial learning rate per replica")
-    add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
-    add("--momentum", type=float, default=0.9)
-    add("--weight-decay", type=float, default=1e-4)
-    add("--weight-decay-mode", choices=("loss", "optimizer"), default="loss",
-        help="loss: an L2 term on the kernels, in the compressed gradients (He et al., "
-             "3LC); optimizer: decoupled decay applied by the optimizer on the variable's "
-             "device. Under PSS the L2 term reads every kernel a second time, which "
-             "doubles the bytes pulled from the parameter servers")
-    add("--no-augment", dest="augment", action="store_false", help="no random crop / flip")
-    add("--no-tensorboard", dest="tensorboard", action="store_false")
-    add("--seed", type=int, default=0)
-    add("--name", default=None, help="run name (default: model-dataset-compression-strategy)")
-    add("--out", default=None, help="output directory (default: runs/<name>)")
-    add("--timeout", type=float, default=1800,
-        help="cluster processes exit after this many seconds")
-    add("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
-    add("--tf-config", action="store_true",
-        help="use the cluster in $TF_CONFIG instead of starting local processes (ps: run "
-             "this as the chief task; mwms: run this in every worker task)")
-    add("--max-restarts", type=int, default=3,
-        help="--strategy ps on a local cluster: after a parameter server (or any task) "
-             "dies, restart the cluster and resume from the last epoch's backup this "
-             "many times")
-    add("--_worker", action="store_true", help=argparse.SUPPRESS)
-    add("--_attempt", action="store_true", help=argparse.SUPPRESS)
-    return parser
 
 
 def main(argv=None):

@@ -106,7 +106,7 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         if steps <= 0:
             return
         if self._writer is not None:
-            step = _traffic(self._last[1], now[1], steps=steps, with_pulls=True)
+            step = per_step_traffic(self._last[1], now[1], steps=steps, with_pulls=True)
             self._writer.writerow([batch] + [step[k] for k in COLUMNS])
         self._last = now
         if self._variable_writer is not None:
@@ -133,7 +133,7 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         steps = now[0] - start[0]
         if steps <= 0:
             return {}
-        return _traffic(start[1], now[1], steps=steps)
+        return per_step_traffic(start[1], now[1], steps=steps)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and not self._epoch_logged:
@@ -155,8 +155,8 @@ def _open_csv(path, header):
     return handle, writer
 
 
-def _traffic(before, after, steps, with_pulls=False):
-    """Per-step traffic between two counter readings.
+def per_step_traffic(before, after, steps, with_pulls=False):
+    """Per-step traffic between two readings of `optimizer.traffic` (dicts of ints).
 
     Pull keys are included when pulls were counted in between (compressed pulls), or
     always with `with_pulls` (CSV columns are fixed).

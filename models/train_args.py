@@ -1,0 +1,117 @@
+"""The command line of `python -m models.train`: its options and codec specs."""
+import argparse
+import ast
+
+STRATEGIES = ("local", "ps", "mwms")
+_CODEC_ALIASES = {
+    "none": ("NoCompression", {}),
+    "fp32": ("NoCompression", {}),
+    "fp16": ("Cast", {"dtype": "float16"}),
+    "float16": ("Cast", {"dtype": "float16"}),
+    "bf16": ("Cast", {"dtype": "bfloat16"}),
+    "bfloat16": ("Cast", {"dtype": "bfloat16"}),
+    "ternary": ("StochasticTernary", {}),
+    "3lc": ("ThreeLC", {}),
+}
+
+
+# --- compression specs --------------------------------------------------------------------
+
+
+def parse_compression(spec):
+    """Parses a compression spec such as "threelc:sparsity=1.75" into a tfgc codec.
+
+    The name is a `tfgc.codecs` class name (case and underscores ignored) or an alias
+    (none, fp16, bf16, ternary, 3lc); arguments are `key=value` pairs separated by
+    commas, values parsed as Python literals (else kept as strings).
+
+    Raises:
+      ValueError: unknown codec, malformed argument, or arguments the codec rejects.
+    """
+    from tfgc import codecs
+
+    name, _, arg_text = spec.strip().partition(":")
+    key = name.strip().lower().replace("_", "").replace("-", "")
+    classes = {cls.lower(): cls for cls in codecs.names()}
+    if name.strip().lower() in _CODEC_ALIASES:
+        class_name, kwargs = _CODEC_ALIASES[name.strip().lower()]
+        kwargs = dict(kwargs)
+    elif key in classes:
+        class_name, kwargs = classes[key], {}
+    else:
+        known = sorted(set(_CODEC_ALIASES) | set(classes))
+        raise ValueError(f"unknown compression {name!r} in {spec!r}; known: {', '.join(known)}")
+    for item in filter(None, (p.strip() for p in arg_text.split(","))):
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise ValueError(f"compression argument {item!r} in {spec!r} is not key=value")
+        try:
+            kwargs[k.strip()] = ast.literal_eval(v.strip())
+        except (ValueError, SyntaxError):
+            kwargs[k.strip()] = v.strip()
+    try:
+        return codecs.lookup(class_name)(**kwargs)
+    except TypeError as error:
+        raise ValueError(f"bad arguments for {class_name} in {spec!r}: {error}") from None
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m models.train",
+        description="Train a reference model with compressed gradients, locally or on a "
+                    "local TF cluster.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--model", default="resnet20", help="resnet20/32/44/56/110 or mqgrad_cnn")
+    add("--dataset", default="cifar10", help="cifar10, cifar100, fashion_mnist or digits")
+    add("--allow-substitute", action="store_true",
+        help="use real Fashion-MNIST (recorded as a substitute) if CIFAR is not available")
+    add("--data-dir", default=None, help="tensorflow-datasets data_dir for CIFAR")
+    add("--manual-dir", default=None, help="directory holding cifar-10-binary.tar.gz")
+    add("--download", action="store_true", help="let tensorflow-datasets download CIFAR")
+    add("--train-limit", type=int, default=None, help="use the first N training images")
+    add("--test-limit", type=int, default=None, help="evaluate on the first N test images")
+    add("--compression", default="none", help="codec spec, e.g. threelc:sparsity=1.75")
+    add("--pull-compression", default="none",
+        help="codec spec for model pulls from parameter servers (3LC; --strategy ps or "
+             "local), e.g. threelc; none: fp32 pulls")
+    add("--no-error-feedback", dest="error_feedback", action="store_false",
+        help="disable error feedback (residual accumulation)")
+    add("--min-elements", type=int, default=1024,
+        help="variables with fewer elements are sent uncompressed")
+    add("--strategy", choices=STRATEGIES, default="local")
+    add("--workers", type=int, default=2)
+    add("--ps", type=int, default=1, help="parameter servers (--strategy ps)")
+    add("--bandwidth", default=None, help="emulated link bandwidth, e.g. 10mbit (ps)")
+    add("--steps", type=int, default=100, help="training steps (see the strategies)")
+    add("--log-every", type=int, default=50,
+        help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")
+    add("--batch-size", type=int, default=32, help="per-worker batch")
+    add("--lr", type=float, default=0.1, help="initial learning rate per replica")
+    add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
+    add("--momentum", type=float, default=0.9)
+    add("--weight-decay", type=float, default=1e-4)
+    add("--weight-decay-mode", choices=("loss", "optimizer"), default="loss",
+        help="loss: an L2 term on the kernels, in the compressed gradients (He et al., "
+             "3LC); optimizer: decoupled decay applied by the optimizer on the variable's "
+             "device. Under PSS the L2 term reads every kernel a second time, which "
+             "doubles the bytes pulled from the parameter servers")
+    add("--no-augment", dest="augment", action="store_false", help="no random crop / flip")
+    add("--no-tensorboard", dest="tensorboard", action="store_false")
+    add("--seed", type=int, default=0)
+    add("--name", default=None, help="run name (default: model-dataset-compression-strategy)")
+    add("--out", default=None, help="output directory (default: runs/<name>)")
+    add("--timeout", type=float, default=1800,
+        help="cluster processes exit after this many seconds")
+    add("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
+    add("--tf-config", action="store_true",
+        help="use the cluster in $TF_CONFIG instead of starting local processes (ps: run "
+             "this as the chief task; mwms: run this in every worker task)")
+    add("--max-restarts", type=int, default=3,
+        help="--strategy ps on a local cluster: after a parameter server (or any task) "
+             "dies, restart the cluster and resume from the last epoch's backup this "
+             "many times")
+    add("--_worker", action="store_true", help=argparse.SUPPRESS)
+    add("--_attempt", action="store_true", help=argparse.SUPPRESS)
+    return parser
