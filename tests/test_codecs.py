@@ -297,6 +297,18 @@ def test_cast_saturates_instead_of_overflowing():
     np.testing.assert_array_equal(decoded, [65504.0, -65504.0, 1.0])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("input_dtype", [np.float32, np.float64])
+def test_cast_compiled_for_large_tensors_matches_the_plain_path(rng, dtype, input_dtype):
+    codec = C.Cast(dtype)
+    x = (rng.normal(size=[C.identity.JIT_MIN_ELEMENTS]) * 3e4).astype(input_dtype)
+    x[:6] = [1e5, -1e6, np.inf, -np.inf, np.nan, 65519.0]
+    compiled = codec.encode(x)["values"].numpy()  # >= JIT_MIN_ELEMENTS: the XLA pass
+    plain = np.concatenate([codec.encode(part)["values"].numpy() for part in np.split(x, 8)])
+    np.testing.assert_array_equal(compiled.view(np.uint16), plain.view(np.uint16))
+    assert np.isinf(compiled[2:4].astype(np.float32)).all()
+
+
 def test_malformed_payload_is_refused(rng):
     x = gradient_like(rng, [100])
     for codec in (C.Quantize(4), C.QSGD(4, seed=1), C.OneBit(), C.LogQuant(3), C.StochasticTernary(seed=1)):
