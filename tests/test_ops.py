@@ -223,13 +223,13 @@ def test_pack_keys_roundtrip_property(gaps, first, flag_bits):
     np.testing.assert_array_equal(tfgc_ops.unpack_keys(packed).numpy(), keys)
 
 
-@pytest.mark.parametrize("op", ["zero_run_encode", "zero_run_decode", "unpack_keys"])
+@pytest.mark.parametrize("op", ["zero_run_encode", "zero_run_decode", "unpack_keys", "unpack_bits"])
 @pytest.mark.parametrize("bad", [np.array([300, 5], np.int32), [-1, 5], np.array([1.5]),
                                  tf.constant([3, 5], tf.int32)])
 def test_ops_refuse_what_is_not_bytes(op, bad):
     # A silent conversion would wrap 300 to 44 and -1 to 255.
     with pytest.raises(ValueError, match="bytes|uint8"):
-        getattr(tfgc_ops, op)(bad)
+        getattr(tfgc_ops, op)(bad, *((1, 2) if op == "unpack_bits" else ()))
 
 
 def test_ops_take_byte_valued_integers_and_empty_lists():
@@ -257,3 +257,67 @@ def test_unpack_keys_refuses_counts_the_stream_cannot_hold_before_allocating():
         tfgc_ops.unpack_keys(packed)
     # One key with a 0-bit delta (key 0) is a real packing and still unpacks.
     assert tfgc_ops.unpack_keys(tfgc_ops.pack_keys(tf.constant([0], tf.int64))).numpy().tolist() == [0]
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 1000, 3 * 64 * 1024 + 5])  # 3 blocks + a tail
+def test_pack_bits_matches_reference(rng, bits, n):
+    codes = rng.integers(0, 2**bits, size=n).astype(np.int32)
+    codes[: min(n, 8)] = 2**bits - 1  # all ones at the start: no bit may leak
+    packed = tfgc_ops.pack_bits(codes, bits).numpy()
+    np.testing.assert_array_equal(packed, reference.pack_bits(codes, bits))
+    assert packed.size == -(-n * bits // 8)
+    np.testing.assert_array_equal(tfgc_ops.unpack_bits(packed, bits, n).numpy(), codes)
+
+
+@pytest.mark.parametrize("codes, bits, message", [
+    ([1, 4], 2, "code 1 is 4"), ([-1], 3, "code 0 is -1"), ([1], 0, r"bits must be in \[1, 8\]"),
+    ([1], 9, r"bits must be in \[1, 8\]"), ([[1]], 1, "1-D"),
+])
+def test_pack_bits_rejects_bad_codes_and_widths(codes, bits, message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        tfgc_ops.pack_bits(codes, bits)
+
+
+@pytest.mark.parametrize("size, bits, n", [
+    (3, 8, 4),         # too few bytes
+    (3, 8, 2),         # too many: a stray byte is not ignored
+    (3, 8, -1),
+    (12, 3, 2**62),    # would overflow n * bits; refused before allocating
+    (1, 0, 1), (1, 9, 1),
+])
+def test_unpack_bits_checks_the_count_against_the_bytes(size, bits, n):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unpack_bits"):
+        tfgc_ops.unpack_bits(np.zeros(size, np.uint8), bits, n)
+
+
+def test_bits_may_change_between_steps_without_retracing():
+    bits = tf.Variable(2)
+    traces = []
+
+    @tf.function
+    def roundtrip(codes):
+        traces.append(1)
+        packed = tfgc_ops.pack_bits(codes, bits)
+        return packed, tfgc_ops.unpack_bits(packed, bits, tf.size(codes, tf.int64))
+
+    codes = tf.constant([3, 0, 1, 2, 3], tf.int32)
+    for width in (2, 5, 8):
+        bits.assign(width)
+        packed, decoded = roundtrip(codes)
+        np.testing.assert_array_equal(packed.numpy(), reference.pack_bits(codes.numpy(), width))
+        np.testing.assert_array_equal(decoded.numpy(), codes.numpy())
+    assert len(traces) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(blob=st.binary(max_size=64), bits=st.integers(1, 8))
+def test_unpack_bits_agrees_with_reference_on_any_bytes(blob, bits):
+    packed = np.frombuffer(blob, np.uint8)
+    n = packed.size * 8 // bits
+    if -(-n * bits // 8) != packed.size:  # these bytes are no whole packing
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tfgc_ops.unpack_bits(packed, bits, n)
+        return
+    np.testing.assert_array_equal(tfgc_ops.unpack_bits(packed, bits, n).numpy(),
+                                  reference.unpack_bits(packed, bits, n))

@@ -1,4 +1,5 @@
-"""tfgc's C++ TensorFlow ops: zero-run encoding (3LC) and key bit-packing (FastSGD).
+"""tfgc's C++ TensorFlow ops: zero-run encoding (3LC), key bit-packing (FastSGD) and the
+packing of small codes into bytes (the quantizers' payloads).
 
 The op library is compiled at install time against the installed TensorFlow. A library
 built for another TensorFlow minor version cannot load (TensorFlow's C++ ABI changes
@@ -13,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["zero_run_encode", "zero_run_decode", "pack_keys", "unpack_keys", "check_flag_bits",
-           "library_path"]
+           "pack_bits", "unpack_bits", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
@@ -173,3 +174,41 @@ def unpack_keys(packed):
       tf.errors.InvalidArgumentError: the bytes are not a well-formed packing.
     """
     return _ops.tfgc_unpack_keys(_as_bytes(packed, "unpack_keys"))
+
+
+def pack_bits(codes, bits):
+    """Packs codes of `bits` bits into bytes, most significant bit first.
+
+    Args:
+      codes: 1-D int32 tensor, each code in [0, 2^bits).
+      bits: int or int32 scalar tensor in 1..8 (a tensor may change between steps without
+        retracing).
+
+    Returns:
+      1-D uint8 tensor of ceil(n * bits / 8) bytes, the last one zero-padded.
+
+    Raises:
+      tf.errors.InvalidArgumentError: bits outside 1..8, a code out of range, or codes
+        that are not 1-D.
+    """
+    return _ops.tfgc_pack_bits(tf.convert_to_tensor(codes, tf.int32), tf.cast(bits, tf.int32))
+
+
+def unpack_bits(packed, bits, n):
+    """Inverse of `pack_bits`: the n codes held by exactly ceil(n * bits / 8) bytes.
+
+    Args:
+      packed: 1-D uint8 tensor.
+      bits: int or int32 scalar tensor in 1..8.
+      n: how many codes; checked against the bytes before anything is allocated.
+
+    Returns:
+      1-D int32 tensor of n codes.
+
+    Raises:
+      ValueError: `packed` is not bytes.
+      tf.errors.InvalidArgumentError: bits outside 1..8, or n that does not match the
+        number of bytes.
+    """
+    return _ops.tfgc_unpack_bits(_as_bytes(packed, "unpack_bits"), tf.cast(bits, tf.int32),
+                                 tf.cast(n, tf.int64))

@@ -146,3 +146,17 @@ def _leb128(value):
         out.append(low | (0x80 if value else 0))
         if not value:
             return out
+
+
+def pack_bits(codes, bits):
+    """Codes in [0, 2^bits) as one bit stream, most significant bit first, zero-padded."""
+    codes = np.asarray(codes, np.int64).reshape(-1)
+    assert 1 <= bits <= 8 and (codes.size == 0 or (codes.min() >= 0 and codes.max() < 2**bits))
+    stream = (codes[:, None] >> np.arange(bits - 1, -1, -1)) & 1  # each code's bits, MSB first
+    return np.packbits(stream.reshape(-1).astype(np.uint8))
+
+
+def unpack_bits(packed, bits, n):
+    """Inverse of `pack_bits`: the first n codes."""
+    stream = np.unpackbits(np.asarray(packed, np.uint8))[: n * bits].reshape(n, bits)
+    return (stream.astype(np.int64) << np.arange(bits - 1, -1, -1)).sum(axis=1).astype(np.int32)

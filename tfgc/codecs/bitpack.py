@@ -1,16 +1,12 @@
-"""Packing of small unsigned codes (1..8 bits each) into bytes, most significant first.
+"""Packing of small unsigned codes (1..8 bits each) into bytes, most significant first
+(the C++ op `tfgc_ops.pack_bits`), and the sign-magnitude codes the quantizers send.
 
 `bits` may be a Python int or an int32 tensor (e.g. a tf.Variable an agent changes
 between steps): the graph does not depend on its value, so changing it never retraces.
 """
 import tensorflow as tf
 
-
-def _shifts(bits):
-    bits = tf.cast(bits, tf.int64)
-    value_shifts = bits * (7 - tf.range(8, dtype=tf.int64))          # 8 codes per group
-    byte_shifts = 8 * (bits - 1 - tf.range(bits, dtype=tf.int64))    # `bits` bytes per group
-    return value_shifts, byte_shifts
+import tfgc_ops
 
 
 def packed_size(n, bits):
@@ -32,26 +28,10 @@ def split_sign(codes, bits):
 
 
 def pack_bits(codes, bits):
-    """1-D integer codes in [0, 2^bits) -> uint8 of ceil(n * bits / 8) bytes."""
-    codes = tf.cast(tf.reshape(codes, [-1]), tf.int64)
-    n = tf.size(codes, out_type=tf.int64)
-    groups = (n + 7) // 8
-    codes = tf.reshape(tf.pad(codes, [[0, 8 * groups - n]]), [groups, 8])
-    value_shifts, byte_shifts = _shifts(bits)
-    # Codes occupy disjoint bits, so the sum is their bitwise OR.
-    words = tf.reduce_sum(tf.bitwise.left_shift(codes, value_shifts), axis=1)
-    packed = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words[:, None], byte_shifts), 255)
-    return tf.cast(tf.reshape(packed, [-1])[: packed_size(n, bits)], tf.uint8)
+    """Integer codes in [0, 2^bits), any shape -> uint8 of ceil(n * bits / 8) bytes."""
+    return tfgc_ops.pack_bits(tf.reshape(tf.cast(codes, tf.int32), [-1]), bits)
 
 
 def unpack_bits(packed, bits, n):
-    """Inverse of `pack_bits`: the first n codes as int32."""
-    n = tf.cast(n, tf.int64)
-    bits64 = tf.cast(bits, tf.int64)
-    groups = (n + 7) // 8
-    padded = tf.pad(tf.cast(packed, tf.int64), [[0, groups * bits64 - tf.size(packed, tf.int64)]])
-    value_shifts, byte_shifts = _shifts(bits)
-    words = tf.reduce_sum(tf.bitwise.left_shift(tf.reshape(padded, [groups, bits64]), byte_shifts), 1)
-    mask = tf.bitwise.left_shift(tf.constant(1, tf.int64), bits64) - 1
-    codes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words[:, None], value_shifts), mask)
-    return tf.cast(tf.reshape(codes, [-1])[:n], tf.int32)
+    """Inverse of `pack_bits`: the n codes as int32; `packed` must be exactly their bytes."""
+    return tfgc_ops.unpack_bits(packed, bits, n)
