@@ -45,6 +45,7 @@ fuzz:
 
 bench: install
 	$(PY) benchmarks/bench_throughput.py
+	$(PY) benchmarks/bench_codecs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info tfgc_ops/*.so tfgc_ops/build_info.json

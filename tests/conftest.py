@@ -2,12 +2,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+import cluster_scripts  # noqa: E402
 
 
 @pytest.fixture
@@ -24,27 +25,21 @@ def run_python(tmp_path):
         script = tmp_path / "script.py"
         script.write_text(source)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        done = subprocess.run([sys.executable, str(script), *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
         assert done.returncode == 0, done.stderr[-4000:]
         return done.stdout
 
     return run
 
 
-REPORT_PREFIX = "REPORT "
-
-
 @pytest.fixture
 def run_report(run_python):
     """Runs a script in a fresh process and returns the JSON object of its last
-    `REPORT {...}` line (the protocol of the cluster tests' coordinator scripts)."""
+    `REPORT {...}` line (see cluster_scripts)."""
 
     def run(source, timeout, args=()):
-        stdout = run_python(source, timeout, args)
-        lines = [line for line in stdout.splitlines() if line.startswith(REPORT_PREFIX)]
-        assert lines, f"the script printed no {REPORT_PREFIX!r} line:\n{stdout[-4000:]}"
-        return json.loads(lines[-1][len(REPORT_PREFIX):])
+        return cluster_scripts.read_report(run_python(source, timeout, args))
 
     return run
 

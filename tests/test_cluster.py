@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import cluster_scripts
+
 from tfgc import cluster
 from tfgc.cluster import local, netem, processes, sockets
 
@@ -51,13 +53,7 @@ def wait_gone(pids, timeout_s=10.0):
 # pytest process later tests would fail ("Client for target /job:localhost/replica:0/
 # task:0 not found") on resources created before it. This script is that process:
 # it starts the cluster, trains through PSS, and reports what it saw as JSON.
-COORDINATOR = """
-import json, os, sys, time
-import numpy as np
-import tensorflow as tf
-import tfgc_ops
-from tfgc import cluster
-
+COORDINATOR = cluster_scripts.script("""
 N, STEPS = int(sys.argv[1]), int(sys.argv[2])
 report = {"chief_pid": os.getpid()}
 with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=300) as c:
@@ -99,8 +95,8 @@ start = time.monotonic()
 while time.monotonic() - start < 5 and any(os.path.exists(f"/proc/{p}") for p in servers):
     time.sleep(0.05)
 report["alive_after_exit"] = [p for p in servers if os.path.exists(f"/proc/{p}")]
-print("REPORT " + json.dumps(report), flush=True)
-"""
+send_report(report)
+""")
 
 
 def sent(rows, src, dst):
@@ -111,14 +107,8 @@ def received(rows, at, src):
     return sum(r["bytes_received"] for r in rows if (r["local_job"], r["peer_job"]) == (at, src))
 
 
-def test_parameter_server_training_and_socket_bytes(tmp_path):
-    script = tmp_path / "coordinator.py"
-    script.write_text(COORDINATOR)
-    done = subprocess.run([sys.executable, str(script), str(N), str(STEPS)],
-                          capture_output=True, text=True, timeout=240)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
-    report = json.loads(lines[-1][len("REPORT "):])
+def test_parameter_server_training_and_socket_bytes(run_report):
+    report = run_report(COORDINATOR, timeout=240, args=[N, STEPS])
 
     pids, addresses = report["pids"], report["addresses"]
     assert len(pids["ps"]) == 1 and len(pids["worker"]) == 2

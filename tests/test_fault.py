@@ -11,13 +11,10 @@ initial values (zeros). The residual the dead worker had not sent yet is lost; t
 training must not notice more than that. Its pull caches are re-created unsynced, so its
 first step pulls the full model once instead of diverging from its PS snapshot.
 """
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
+
+import cluster_scripts
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -25,14 +22,9 @@ EPOCHS, STEPS = 8, 10
 KILL_AFTER_EPOCH = 2  # 1-based: killed once this many epochs are done
 PULLED_VARIABLES = 4  # the two Dense layers' kernels and biases
 
-COORDINATOR = textwrap.dedent(
+COORDINATOR = cluster_scripts.script(
     """
-    import json, os, sys, time
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
     from sklearn.datasets import load_digits
-    import tfgc
-    from tfgc import cluster
 
     epochs, steps, kill_after = map(int, sys.argv[1:4])
     digits = load_digits()
@@ -123,22 +115,13 @@ COORDINATOR = textwrap.dedent(
         report["after"] = residual_stats()
         report["alive"] = [p.poll() is None for p in c._procs.values()]
         report["worker1_log"] = open(c.log_path("worker", 1)).read()[-2000:]
-    print("REPORT " + json.dumps(report), flush=True)
+    send_report(report)
     """
 )
 
 
-def test_kill_9_worker_mid_fit_completes_with_consistent_residuals(tmp_path):
-    script = tmp_path / "coordinator.py"
-    script.write_text(COORDINATOR)
-    done = subprocess.run(
-        [sys.executable, str(script), str(EPOCHS), str(STEPS), str(KILL_AFTER_EPOCH)],
-        capture_output=True, text=True, timeout=400,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    lines = [l for l in done.stdout.splitlines() if l.startswith("REPORT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-6000:]
-    report = json.loads(lines[-1][len("REPORT "):])
+def test_kill_9_worker_mid_fit_completes_with_consistent_residuals(run_report):
+    report = run_report(COORDINATOR, timeout=400, args=[EPOCHS, STEPS, KILL_AFTER_EPOCH])
 
     # The worker really died and came back as a new process on the same address.
     assert [e[0] for e in report["events"]][:2] == ["killed", "restarted"], report["events"]

@@ -17,21 +17,17 @@ With compressed pulls (`compressed_pulls()`: every weight pulled in one message 
 step), both directions carry their counted payload plus a fixed cost per step, and the
 pushes one remote resource handle per variable (see the last test).
 """
-import textwrap
 
 import pytest
+
+import cluster_scripts
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 STEPS = 4
 
-COORDINATOR = textwrap.dedent(
+COORDINATOR = cluster_scripts.script(
     """
-    import contextlib, json, os, sys
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
-    import tfgc
-    from tfgc import cluster
     from tfgc.wire import Layout
 
     steps, mode = int(sys.argv[1]), sys.argv[2]
@@ -76,7 +72,7 @@ COORDINATOR = textwrap.dedent(
 
         # A receiver on the parameter server for one kernel's ThreeLC payload.
         if mode != "threelc":
-            print("REPORT " + json.dumps(report), flush=True)
+            send_report(report)
             sys.exit(0)
         kernel = model.trainable_variables[0]
         codec = tfgc.codecs.ThreeLC(1.0)
@@ -110,7 +106,7 @@ COORDINATOR = textwrap.dedent(
         report["loss_after"] = after.history["loss"]
         c.check_alive()  # raises if a server exited
         report["kernel_elements"] = int(np.prod(kernel.shape))
-    print("REPORT " + json.dumps(report), flush=True)
+    send_report(report)
     """
 )
 

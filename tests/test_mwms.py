@@ -5,11 +5,11 @@ its TF_CONFIG) train tf_keras models with `model.fit` under MultiWorkerMirroredS
 with ring collectives. Each worker reads its own TCP counters (`task_traffic`, from
 `ss`) around each fit, so the bytes below are what the collectives really sent.
 """
-import json
-import textwrap
 
 import numpy as np
 import pytest
+
+import cluster_scripts
 
 from tfgc import cluster
 
@@ -19,16 +19,8 @@ ROWS, COLS = 512, 512  # the compressed kernel: 1 MiB of fp32 gradient per step
 STEPS = 4
 LR = 0.5  # a power of two: the SGD update adds no rounding of its own
 
-WORKER = textwrap.dedent(
+WORKER = cluster_scripts.script(
     """
-    import json, os, sys
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np
-    import tensorflow as tf
-    import tf_keras
-    import tfgc
-    from tfgc import cluster
-
     out_dir, rows, cols, steps, lr = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
     names = sys.argv[6].split(",")
     RING = tf.distribute.experimental.CommunicationImplementation.RING
@@ -99,7 +91,7 @@ WORKER = textwrap.dedent(
     # A barrier: neither worker exits (closing its sockets) before both have read
     # their counters.
     strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-    print("REPORT " + json.dumps(report), flush=True)
+    send_report(report)
     """
 )
 
@@ -118,9 +110,7 @@ def run_workers(tmp_path, names):
         c.stop()
     reports = []
     for r in results:
-        line = [l for l in r.stdout.splitlines() if l.startswith("REPORT ")]
-        assert line, r.stderr[-3000:]
-        reports.append(json.loads(line[-1][len("REPORT "):]))
+        reports.append(cluster_scripts.read_report(r.stdout, r.stderr))
     return reports
 
 
@@ -170,13 +160,8 @@ def test_mwms_non_summable_codecs_are_all_gathered_compressed(tmp_path):
             assert report[name]["sent"] / STEPS >= payload_per_step, (name, report)
 
 
-DISAGREEING_WORKER = textwrap.dedent(
+DISAGREEING_WORKER = cluster_scripts.script(
     """
-    import os
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
-    import tfgc
-
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     index = strategy.cluster_resolver.task_id
     x = np.random.default_rng(index).normal(size=(32, 64)).astype("float32")
@@ -211,13 +196,8 @@ def test_mwms_workers_with_different_codec_settings_stop_at_once(tmp_path):
     assert all("FastSGD" in s and "base" in s for s in said), said
 
 
-LOGGED = textwrap.dedent(
+LOGGED = cluster_scripts.script(
     """
-    import json, os
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
-    import tfgc
-
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 16)).astype("float32")
@@ -234,7 +214,7 @@ LOGGED = textwrap.dedent(
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
         history = model.fit(data, epochs=2, verbose=0, callbacks=callbacks)
         logs[name] = {k: v for k, v in history.history.items()}
-    print("REPORT " + json.dumps(logs), flush=True)
+    send_report(logs)
     """
 )
 
@@ -247,8 +227,7 @@ def test_traffic_logger_leaves_the_metrics_of_mwms_fit_alone(tmp_path):
     results = cluster.LocalCluster(num_ps=0, num_workers=2, timeout_s=240).run_workers(
         [str(script)], timeout_s=240, check=True)
     for result in results:
-        logs = json.loads(next(line for line in result.stdout.splitlines()
-                               if line.startswith("REPORT "))[len("REPORT "):])
+        logs = cluster_scripts.read_report(result.stdout, result.stderr)
         plain, logged = logs["plain"], logs["logged"]
         for key in ("loss", "accuracy"):
             np.testing.assert_allclose(logged[key], plain[key], rtol=1e-6, err_msg=key)

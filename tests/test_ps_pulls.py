@@ -4,18 +4,14 @@ ParameterServerStrategy with the model's weights created under tfgc.compressed_p
 Each run has a coordinator process of its own: connecting one process to a second
 cluster after the first one stopped is not something TensorFlow supports (it crashed
 the process now and then)."""
-import textwrap
 
 import pytest
 
-COORDINATOR = textwrap.dedent(
+import cluster_scripts
+
+COORDINATOR = cluster_scripts.script(
     """
-    import json, os, sys
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
     from sklearn.datasets import load_digits
-    import tfgc
-    from tfgc import cluster
     from tfgc.variables import PulledVariable
 
     data = load_digits()
@@ -54,7 +50,7 @@ COORDINATOR = textwrap.dedent(
                                            for w in range(2)]
             result["cache_error"] = [float(np.abs(caches[w] - master).max()) for w in range(2)]
             result["master_scale"] = float(np.abs(master).max())
-    print("REPORT " + json.dumps(result))
+    send_report(result)
     """
 )
 

@@ -3,20 +3,16 @@ ParameterServerStrategy, bytes counted per socket.
 
 Each run has a coordinator process of its own (one cluster per process; see
 test_ps_pulls)."""
-import textwrap
 
 import pytest
 
+import cluster_scripts
+
 # The coordinator runs in a process of its own: ParameterServerStrategy connects the
 # process's eager context to the cluster.
-COORDINATOR = textwrap.dedent(
+COORDINATOR = cluster_scripts.script(
     """
-    import json, os, sys
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
     from sklearn.datasets import load_digits
-    import tfgc
-    from tfgc import cluster
 
     data = load_digits()
     x = (data.images / 16.0).reshape(-1, 64).astype("float32")
@@ -45,7 +41,7 @@ COORDINATOR = textwrap.dedent(
             "iterations": int(opt.iterations.numpy()),
             "counted": int(opt.traffic["push_bytes"].numpy()) if name == "threelc" else None,
         }
-    print("REPORT " + json.dumps(result))
+    send_report(result)
     """
 )
 

@@ -13,29 +13,23 @@ Two independent checks on a real cluster (1 ps, 1 worker, plus the coordinator):
   model, is subtracted.
 """
 import collections
-import json
 import math
 import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
+
+import cluster_scripts
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 UNITS = 1024  # the compressed kernel: 1024 x 1024 floats, 4 MiB per fp32 push
 STEPS = 4
 
-COORDINATOR = textwrap.dedent(
+COORDINATOR = cluster_scripts.script(
     """
-    import json, os, sys
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np, tensorflow as tf, tf_keras
-    import tfgc
-    from tfgc import cluster
-
     dump_dir, units, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rng = np.random.default_rng(0)
 
@@ -93,7 +87,7 @@ COORDINATOR = textwrap.dedent(
                 "dumps": new,
                 "kernel": model.trainable_variables[0].name.split(":")[0],
             }
-    print("REPORT " + json.dumps(report), flush=True)
+    send_report(report)
     """
 )
 
@@ -156,10 +150,8 @@ def report(tmp_path_factory):
         capture_output=True, text=True, timeout=480,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
-    lines = [l for l in done.stdout.splitlines() if l.startswith("REPORT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    line = lines[-1]
-    result = json.loads(line[len("REPORT "):])
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = cluster_scripts.read_report(done.stdout, done.stderr)
     result["dump_dir"] = str(tmp_path)
     return result
 
