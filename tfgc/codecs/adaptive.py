@@ -25,7 +25,8 @@ def adaptive_bits(x, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS):
     finite = base.all_finite(flat) & (tf.size(flat) > 0)
     flat = tf.where(finite, flat, tf.zeros_like(flat))
     spread = tf.where(finite, tf.reduce_max(flat) - tf.reduce_min(flat), 0.0)
-    power = tf.where(finite, tf.reduce_mean(tf.square(flat)), 0.0)
+    mean_square = base.column_sum(tf.square(flat)) / tf.cast(tf.maximum(tf.size(flat), 1), tf.float32)
+    power = tf.where(finite, mean_square, 0.0)
     levels = spread / tf.sqrt(12.0 * rho * tf.maximum(power, 1e-30))
     bits = tf.math.ceil(tf.math.log(1.0 + levels) / math.log(2.0))
     bits = tf.where(finite & (power > 0), bits, float(min_bits))
@@ -53,10 +54,12 @@ class AdaptiveQuantize(Quantize):
         if not MIN_BITS <= min_bits <= max_bits <= MAX_BITS:
             raise ValueError(f"need {MIN_BITS} <= min_bits <= max_bits <= {MAX_BITS}")
         self.rho, self.min_bits, self.max_bits = float(rho), int(min_bits), int(max_bits)
+        self._bits_of = base.CompiledForLarge(
+            lambda x: adaptive_bits(x, self.rho, self.min_bits, self.max_bits))
 
     def get_config(self):
         return {"rho": self.rho, "min_bits": self.min_bits, "max_bits": self.max_bits}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        return self._quantize(x, adaptive_bits(x, self.rho, self.min_bits, self.max_bits))
+        return self._quantize(x, self._bits_of(x))

@@ -13,6 +13,10 @@ import abc
 import tensorflow as tf
 
 MAX_ELEMENTS = 2**31 - 1  # shapes travel as int32
+# From this many values on, a codec's elementwise passes run as one XLA function (several
+# times faster at 16M values); smaller tensors, e.g. the biases of a fused message, skip
+# the compile per shape.
+JIT_MIN_ELEMENTS = 1 << 16
 
 
 class Codec(abc.ABC):
@@ -101,6 +105,24 @@ class ReconstructingCodec(Codec):
         """Returns (payload, decode(payload))."""
 
 
+class CompiledForLarge:
+    """Calls `fn(x, *args)` compiled by XLA when `x` has JIT_MIN_ELEMENTS values or more
+    (known at trace time), and as it is otherwise.
+
+    Make one per codec instance, as ThreeLC does: a function cached by an earlier cluster
+    connection is not sent to a new cluster's workers.
+    """
+
+    def __init__(self, fn):
+        self._fn = fn
+        self._compiled = tf.function(fn, jit_compile=True)
+
+    def __call__(self, x, *args):
+        size = x.shape.num_elements()
+        large = size is not None and size >= JIT_MIN_ELEMENTS
+        return (self._compiled if large else self._fn)(x, *args)
+
+
 def payload_nbytes(payload):
     """Bytes a payload puts on the wire, as an int64 scalar tensor."""
     total = tf.constant(0, tf.int64)
@@ -154,6 +176,16 @@ def largest_magnitude(flat):
     """max|x| over the finite elements of 1-D float32 `flat`; 0 when there are none."""
     magnitude = tf.abs(tf.where(tf.math.is_finite(flat), flat, 0.0))
     return tf.where(tf.size(flat) > 0, tf.reduce_max(magnitude), 0.0)
+
+
+def column_sum(flat, width=256):
+    """The sum of 1-D float32 `flat`, added up as `width` column sums.
+
+    Under XLA on CPU a plain sum adds in strict order, one add after the other (about
+    1.3 GB/s); the columns' sums are independent and vectorize (about 3 GB/s).
+    """
+    padded = tf.pad(flat, [[0, (-tf.size(flat)) % width]])
+    return tf.reduce_sum(tf.reduce_sum(tf.reshape(padded, [-1, width]), axis=0))
 
 
 def nan_unless(finite, scale):

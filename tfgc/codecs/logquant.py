@@ -22,21 +22,14 @@ class LogQuant(base.ReconstructingCodec):
         quantize.check_bits(bits)
         self.bits = int(bits)
         self.levels = 2 ** (self.bits - 1) - 1
+        self._codes = base.CompiledForLarge(self._signed_levels)
 
     def get_config(self):
         return {"bits": self.bits}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        finite = base.all_finite(flat)
-        magnitude = tf.abs(tf.where(finite, flat, 0.0))
-        largest = base.largest_magnitude(flat)
-        full_scale = tf.where(largest > 0, tf.math.ceil(_log2(largest)), 0.0)
-        exponent = tf.round(_log2(tf.where(magnitude > 0, magnitude, 1.0)))
-        level = full_scale - tf.minimum(full_scale, exponent) + 1.0
-        level = tf.where((magnitude > 0) & (level <= self.levels), level, 0.0)
-        codes = bitpack.join_sign(flat < 0, level, self.bits)
+        codes, full_scale, finite = self._codes(x)
         scale = base.nan_unless(finite, tf.pow(2.0, full_scale))
         payload = {
             "data": bitpack.pack_bits(codes, self.bits),
@@ -45,6 +38,18 @@ class LogQuant(base.ReconstructingCodec):
             "shape": base.shape_of(x),
         }
         return payload, tf.cast(tf.reshape(self._values(codes, scale), tf.shape(x)), x.dtype)
+
+    def _signed_levels(self, x):
+        """(int32 codes, the full-scale exponent fsr, all finite) of `x`."""
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        finite = base.all_finite(flat)
+        magnitude = tf.abs(tf.where(finite, flat, 0.0))
+        largest = base.largest_magnitude(flat)
+        full_scale = tf.where(largest > 0, tf.math.ceil(_log2(largest)), 0.0)
+        exponent = tf.round(_log2(tf.where(magnitude > 0, magnitude, 1.0)))
+        level = full_scale - tf.minimum(full_scale, exponent) + 1.0
+        level = tf.where((magnitude > 0) & (level <= self.levels), level, 0.0)
+        return bitpack.join_sign(flat < 0, level, self.bits), full_scale, finite
 
     def decode(self, payload):
         shape = payload["shape"]

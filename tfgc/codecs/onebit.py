@@ -13,22 +13,21 @@ class OneBit(base.ReconstructingCodec):
     Payload: {"data": sign bits, "positive", "negative" (means in x's dtype), "shape"}.
     """
 
+    def __init__(self):
+        self._codes = base.CompiledForLarge(_sign_codes)
+
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        finite = base.all_finite(flat)
-        upper = flat >= 0
-        positive = _mean_where(flat, upper)
-        negative = _mean_where(flat, ~upper)
+        upper, positive, negative, finite = self._codes(x)
         positive = base.round_to(base.nan_unless(finite, positive), x.dtype)
         negative = base.round_to(base.nan_unless(finite, negative), x.dtype)
         payload = {
-            "data": bitpack.pack_bits(tf.cast(upper, tf.int32), 1),
+            "data": bitpack.pack_bits(upper, 1),
             "positive": tf.cast(positive, x.dtype),
             "negative": tf.cast(negative, x.dtype),
             "shape": base.shape_of(x),
         }
-        values = tf.where(upper, positive, negative)
+        values = tf.where(upper > 0, positive, negative)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
     def decode(self, payload):
@@ -40,6 +39,14 @@ class OneBit(base.ReconstructingCodec):
         return tf.reshape(values, base.static_shape(shape))
 
 
+def _sign_codes(x):
+    """(int32 1 where x >= 0 else 0, mean of those values, mean of the others, all finite)."""
+    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+    upper = flat >= 0
+    return (tf.cast(upper, tf.int32), _mean_where(flat, upper), _mean_where(flat, ~upper),
+            base.all_finite(flat))
+
+
 def _mean_where(values, mask):
-    count = tf.reduce_sum(tf.cast(mask, tf.float32))
-    return tf.reduce_sum(tf.where(mask, values, 0.0)) / tf.maximum(count, 1.0)
+    count = base.column_sum(tf.cast(mask, tf.float32))  # exact below 2^24 per column
+    return base.column_sum(tf.where(mask, values, 0.0)) / tf.maximum(count, 1.0)

@@ -28,6 +28,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         else:
             check_bits(bits)
             self.bits = tf.Variable(int(bits), dtype=tf.int32, trainable=False, name="bits")
+        self._codes = base.CompiledForLarge(_quantized_codes)
 
     def get_config(self):
         return {"bits": int(self.bits.numpy())}
@@ -49,26 +50,18 @@ class Quantize(tf.Module, base.ReconstructingCodec):
 
         Subclasses that choose the bits per tensor (MQGrad's "Adaptive" baseline) call this.
         """
-        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        finite = base.all_finite(flat)
-        nonempty = tf.size(flat) > 0
-        # The range travels in x's dtype; both sides compute from the rounded values.
-        low = base.round_to(tf.where(nonempty & finite, tf.reduce_min(flat), 0.0), x.dtype)
-        high = base.round_to(tf.where(nonempty & finite, tf.reduce_max(flat), 0.0), x.dtype)
-        levels = _levels(bits)
-        step = (high - low) / levels
-        codes = tf.round((flat - low) / tf.where(step > 0, step, 1.0))
-        codes = tf.clip_by_value(tf.where(finite, codes, 0.0), 0.0, levels)
+        codes, low, high, finite = self._codes(x, bits)
+        step = (high - low) / _levels(bits)
         low = base.nan_unless(finite, low)
         payload = {
-            "data": bitpack.pack_bits(tf.cast(codes, tf.int32), bits),
+            "data": bitpack.pack_bits(codes, bits),
             "min": tf.cast(low, x.dtype),
             "max": tf.cast(high, x.dtype),
             "bits": tf.cast(bits, tf.uint8),
             "shape": base.shape_of(x),
         }
-        reconstructed = tf.cast(tf.reshape(low + codes * step, tf.shape(x)), x.dtype)
-        return payload, reconstructed
+        reconstructed = low + tf.cast(codes, tf.float32) * step
+        return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
     def decode(self, payload):
         shape = payload["shape"]
@@ -91,6 +84,21 @@ class Quantize(tf.Module, base.ReconstructingCodec):
             return tf.identity(bits)
 
 
+def _quantized_codes(x, bits):
+    """(int32 codes, min, max, all finite) of `x` with `bits`; min and max as the
+    receiver reads them (rounded to x's dtype)."""
+    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+    finite = base.all_finite(flat)
+    nonempty = tf.size(flat) > 0
+    low = base.round_to(tf.where(nonempty & finite, tf.reduce_min(flat), 0.0), x.dtype)
+    high = base.round_to(tf.where(nonempty & finite, tf.reduce_max(flat), 0.0), x.dtype)
+    levels = _levels(bits)
+    step = (high - low) / levels
+    codes = tf.round((flat - low) / tf.where(step > 0, step, 1.0))
+    codes = tf.clip_by_value(tf.where(finite, codes, 0.0), 0.0, levels)
+    return tf.cast(codes, tf.int32), low, high, finite
+
+
 def _levels(bits):
     """The largest K-bit code, 2^K - 1, as float32."""
     return tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
@@ -107,21 +115,32 @@ class Int8(base.ReconstructingCodec):
     Payload: {"data": int8, "scale", "shape"}.
     """
 
+    def __init__(self):
+        self._codes = base.CompiledForLarge(_int8_codes)
+
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        finite = base.all_finite(flat)
-        scale = base.largest_magnitude(flat) / 127.0
-        q = tf.where(finite, tf.clip_by_value(tf.round(flat / tf.where(scale > 0, scale, 1.0)), -127.0, 127.0), 0.0)
+        q, scale, finite = self._codes(x)
         scale = base.round_to(base.nan_unless(finite, scale), x.dtype)
         payload = {
-            "data": tf.cast(q, tf.int8),
+            "data": q,
             "scale": tf.cast(scale, x.dtype),
             "shape": base.shape_of(x),
         }
-        return payload, tf.cast(tf.reshape(q * scale, tf.shape(x)), x.dtype)
+        reconstructed = tf.cast(q, tf.float32) * scale
+        return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
     def decode(self, payload):
         scale = payload["scale"]
         values = tf.cast(tf.cast(payload["data"], tf.float32) * tf.cast(scale, tf.float32), scale.dtype)
         return tf.reshape(values, base.static_shape(payload["shape"]))
+
+
+def _int8_codes(x):
+    """(int8 codes, max|x| / 127, all finite) of `x`."""
+    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+    finite = base.all_finite(flat)
+    scale = base.largest_magnitude(flat) / 127.0
+    q = tf.round(flat / tf.where(scale > 0, scale, 1.0))
+    q = tf.where(finite, tf.clip_by_value(q, -127.0, 127.0), 0.0)
+    return tf.cast(q, tf.int8), scale, finite

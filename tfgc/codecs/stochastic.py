@@ -17,24 +17,21 @@ class StochasticTernary(base.StochasticCodec):
 
     def __init__(self, seed=None):
         super().__init__(seed=seed, name="stochastic_ternary")
+        self._fold = base.CompiledForLarge(_ternary_fold)
 
     def get_config(self):
         return {"seed": self.seed}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        finite = base.all_finite(flat)
-        scale = base.round_to(base.nan_unless(finite, base.largest_magnitude(flat)), x.dtype)
-        probability = tf.abs(flat) / tf.where(scale > 0, scale, 1.0)
-        keep = self.uniform(tf.shape(flat)) < probability
-        q = tf.where(keep & finite, tf.sign(flat), 0.0)
+        data, scale = self._fold(x, self.uniform([tf.size(x)]))
         payload = {
-            "data": quartic.fold(q),
+            "data": data,
             "scale": tf.cast(scale, x.dtype),
             "shape": base.shape_of(x),
         }
-        return payload, tf.cast(tf.reshape(q * scale, tf.shape(x)), x.dtype)
+        values = quartic.unfold(data, tf.size(x)) * scale
+        return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
     def decode(self, payload):
         shape = payload["shape"]
@@ -43,6 +40,17 @@ class StochasticTernary(base.StochasticCodec):
         scale = payload["scale"]
         values = tf.cast(quartic.unfold(data, n) * tf.cast(scale, tf.float32), scale.dtype)
         return tf.reshape(values, base.static_shape(shape))
+
+
+def _ternary_fold(x, uniform):
+    """(quartic bytes of sign(x) kept with probability |x| / M, M = max|x| as the receiver
+    reads it) for `uniform` draws in [0, 1), one per value."""
+    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+    finite = base.all_finite(flat)
+    scale = base.round_to(base.nan_unless(finite, base.largest_magnitude(flat)), x.dtype)
+    probability = tf.abs(flat) / tf.where(scale > 0, scale, 1.0)
+    q = tf.where((uniform < probability) & finite, tf.sign(flat), 0.0)
+    return quartic.fold(q), scale
 
 
 class QSGD(base.StochasticCodec):
@@ -71,12 +79,26 @@ class QSGD(base.StochasticCodec):
         self.bits = int(bits)
         self.bucket_size = int(bucket_size)
         self.levels = 2 ** (self.bits - 1) - 1
+        self._codes = base.CompiledForLarge(self._bucket_codes)
 
     def get_config(self):
         return {"bits": self.bits, "bucket_size": self.bucket_size, "seed": self.seed}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
+        count = (tf.size(x) + self.bucket_size - 1) // self.bucket_size
+        codes, norms = self._codes(x, self.uniform([count, self.bucket_size]))
+        payload = {
+            "data": bitpack.pack_bits(codes, self.bits),
+            "norms": tf.cast(norms, x.dtype),
+            "shape": base.shape_of(x),
+        }
+        values = self._values(codes, payload["norms"], tf.size(x))
+        return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
+
+    def _bucket_codes(self, x, uniform):
+        """(int32 sign-level codes, bucket norms as the receiver reads them) of `x` for
+        `uniform` draws in [0, 1), one per bucket slot."""
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         finite = base.all_finite(flat)
         buckets = self._buckets(tf.where(tf.math.is_finite(flat), flat, 0.0))
@@ -84,29 +106,24 @@ class QSGD(base.StochasticCodec):
         norms = base.nan_unless(finite, norms)
         scaled = tf.abs(buckets) / tf.where(norms > 0, norms, 1.0) * self.levels
         lower = tf.floor(scaled)
-        level = lower + tf.cast(self.uniform(tf.shape(buckets)) < scaled - lower, tf.float32)
-        level = tf.minimum(level, self.levels)
+        level = tf.minimum(lower + tf.cast(uniform < scaled - lower, tf.float32), self.levels)
         codes = bitpack.join_sign(buckets < 0, level, self.bits)
-        n = tf.size(flat)
-        payload = {
-            "data": bitpack.pack_bits(tf.reshape(codes, [-1])[:n], self.bits),
-            "norms": tf.cast(tf.reshape(norms, [-1]), x.dtype),
-            "shape": base.shape_of(x),
-        }
-        signed = tf.where(buckets < 0, -level, level) * norms / self.levels
-        return payload, tf.cast(tf.reshape(tf.reshape(signed, [-1])[:n], tf.shape(x)), x.dtype)
+        return tf.reshape(codes, [-1])[:tf.size(flat)], tf.reshape(norms, [-1])
 
     def decode(self, payload):
         shape = payload["shape"]
         n = tf.reduce_prod(shape)
         data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
         norms = base.check_size(payload["norms"], (n + self.bucket_size - 1) // self.bucket_size, self.name)
-        negative, level = bitpack.split_sign(self._buckets(bitpack.unpack_bits(data, self.bits, n)),
-                                             self.bits)
+        values = self._values(bitpack.unpack_bits(data, self.bits, n), norms, n)
+        return tf.reshape(tf.cast(values, norms.dtype), base.static_shape(shape))
+
+    def _values(self, codes, norms, n):
+        """The n float32 values of sign-level `codes` with bucket `norms`."""
+        negative, level = bitpack.split_sign(self._buckets(codes), self.bits)
         signed = tf.where(negative, -level, level)
         values = signed * tf.cast(norms, tf.float32)[:, None] / self.levels
-        values = tf.cast(tf.reshape(values, [-1])[:n], norms.dtype)
-        return tf.reshape(values, base.static_shape(shape))
+        return tf.reshape(values, [-1])[:n]
 
     def _buckets(self, flat):
         """[n] -> [ceil(n / bucket_size), bucket_size], zero-padded."""
