@@ -355,3 +355,13 @@ def test_compiled_encoders_follow_the_non_finite_policy(rng, name):
     payload, reconstructed = codec.encode_and_reconstruct(x)
     assert np.isnan(codec.decode(payload).numpy()).all()
     assert np.isnan(reconstructed.numpy()).all()
+
+
+@pytest.mark.parametrize("bits", [2, 5, 8])
+def test_logquant_levels_decode_to_exact_powers_of_two(bits):
+    levels = np.arange(2 ** (bits - 1), dtype=np.int32)
+    codes = np.concatenate([levels, levels | (1 << (bits - 1))])  # both signs
+    for scale in (1.0, 2.0 ** 100):
+        values = C.LogQuant(bits)._values(tf.constant(codes), tf.constant(scale)).numpy()
+        magnitude = np.where(levels > 0, np.ldexp(np.float32(scale), 1 - levels), 0.0)
+        np.testing.assert_array_equal(values, np.concatenate([magnitude, -magnitude]))
