@@ -7,9 +7,10 @@ of `apply` (loss scaling, gradient accumulation, EMA, constraints, `iterations`)
 Keras's own. Being private, the hook is checked when an optimizer is wrapped; the
 keras versions it was verified with are pinned in the `keras` extra (pyproject.toml).
 
-Supported: single-process use (encode and decode locally) and all-reduce strategies
-(Mirrored, MultiWorkerMirrored). ParameterServerStrategy has no Keras 3 `fit`
-(keras-team/keras#18624): use tf_keras there.
+Supported: single-process use (encode and decode locally), all-reduce strategies
+(Mirrored, MultiWorkerMirrored) and compressed pushes under ParameterServerStrategy,
+which has no Keras 3 `fit` (keras-team/keras#18624): `tfgc.fit_on_parameter_servers`
+trains there. Compressed pulls need tf_keras.
 """
 import tensorflow as tf
 
@@ -59,9 +60,9 @@ class _Keras3Mixin(CompressingBase):
     def __init__(self, *args, pull_compression=None, **kwargs):
         if pull_compression is not None:
             raise NotImplementedError(
-                "pull_compression needs parameter servers, which Keras 3 cannot train "
-                "with; use a tf_keras optimizer"
-            )
+                "pull_compression with Keras 3: compressed pulls wrap the tf.Variables a "
+                "model creates under tfgc.compressed_pulls(), and Keras 3 variables are "
+                "not made that way; use a tf_keras optimizer and model for pulls")
         super().__init__(*args, **kwargs)
 
     def __repr__(self):
@@ -81,11 +82,20 @@ class _Keras3Mixin(CompressingBase):
         # Keras variables wrap tf.Variables; the hook receives the latter.
         with tf.init_scope():
             self._build_compression([getattr(v, "value", v) for v in variables])
+            if is_parameter_server(tf.distribute.get_strategy()):
+                _count_steps_atomically(self._iterations)
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
-        strategy = tf.distribute.get_strategy()
-        if is_parameter_server(strategy):
-            raise NotImplementedError(
-                "Keras 3 has no ParameterServerStrategy training; use a tf_keras optimizer"
-            )
-        return self._send_all(strategy, grads_and_vars, aggregate=True)
+        # Under parameter servers: one worker's own gradients, pushed compressed.
+        return self._send_all(tf.distribute.get_strategy(), grads_and_vars, aggregate=True)
+
+
+def _count_steps_atomically(iterations):
+    """Makes `iterations.assign_add` one atomic update of its tf.Variable.
+
+    Keras 3 adds to a variable by reading it and assigning the sum; the workers of a
+    parameter-server cluster step concurrently, so steps went uncounted (35 of 45 with
+    two workers), and the per-step traffic figures with them.
+    """
+    variable = iterations.value
+    iterations.assign_add = lambda value: variable.assign_add(tf.cast(value, variable.dtype))
