@@ -9,7 +9,8 @@ import tensorflow as tf
 from tfgc.codecs import base, bitpack
 
 _FINITE_BITS = 0x7F800000  # +inf's bit pattern: finite non-negative float32s lie below
-_FINE = 1 << 15  # the coarse bins' width (an exact divisor of _FINITE_BITS)
+_FINE_SHIFT = 15
+_FINE = 1 << _FINE_SHIFT  # the coarse bins' width (an exact divisor of _FINITE_BITS)
 
 
 class Sparsify(base.ReconstructingCodec):
@@ -106,14 +107,12 @@ def largest(magnitude, k):
     """
     bits = tf.bitcast(magnitude, tf.int32)
     k = tf.maximum(k, 1)  # an empty or all-zero input: the pick is masked out below
-    coarse = tf.histogram_fixed_width(bits, [0, _FINITE_BITS], nbins=_FINITE_BITS // _FINE)
-    bin_, above = _bin_of_rank(coarse, k)
-    below = tf.size(bits) - above - coarse[bin_]
+    coarse_bins = tf.bitwise.right_shift(bits, _FINE_SHIFT)
+    bin_, above = _bin_of_rank(_counts(coarse_bins, _FINITE_BITS // _FINE), k)
     start = bin_ * _FINE
-    # Values outside [start, start + _FINE) land in the end bins: take them back out.
-    fine = tf.histogram_fixed_width(bits, tf.stack([start, start + _FINE]), nbins=_FINE)
-    fine -= tf.one_hot(0, _FINE, dtype=tf.int32) * below
-    fine -= tf.one_hot(_FINE - 1, _FINE, dtype=tf.int32) * above
+    # Only the values in the chosen coarse bin are counted again, in unit bins; the
+    # rest get an index past the end, which bincount leaves out.
+    fine = _counts(tf.where(coarse_bins == bin_, bits - start, _FINE), _FINE)
     offset, above = _bin_of_rank(fine, k - above, above)
     threshold = start + offset
     tied = bits == threshold
@@ -124,6 +123,13 @@ def largest(magnitude, k):
         lambda: tied,
     )
     return ((bits > threshold) | tied) & (bits > 0)
+
+
+def _counts(bins, size):
+    """How many of the int32 `bins` (each >= 0) equal 0 .. size - 1; larger ones are
+    left out. (bincount counts in one pass; histogram_fixed_width is ~4x slower.)"""
+    return tf.raw_ops.DenseBincount(input=bins, size=tf.constant(size, tf.int32),
+                                    weights=tf.zeros([0], tf.int32))
 
 
 def _bin_of_rank(counts, k, above_all=0):
