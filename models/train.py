@@ -280,7 +280,7 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
             optimizer.weight_decay = args.weight_decay
             optimizer.exclude_from_weight_decay(
                 var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
-        optimizer.build(model.trainable_variables)  # PSS: per-worker buffers before fit
+        optimizer.build(model.trainable_variables)  # compressed pulls start at build
         model.compile(optimizer, loss, metrics=["accuracy"])
     summary["parameters"] = int(model.count_params())
     summary["lr_scaled"] = args.lr * replicas

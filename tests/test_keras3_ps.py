@@ -29,7 +29,6 @@ COORDINATOR = cluster_scripts.script(
                                             compression=tfgc.codecs.ThreeLC(1.0))
             model.compile(optimizer=opt,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            opt.build(model.trainable_variables)
         before = c.traffic_between("worker", "ps")
         history = tfgc.fit_on_parameter_servers(
             model, strategy, dataset_fn, epochs=3, steps_per_epoch=15,

@@ -134,3 +134,52 @@ print("LOADED " + json.dumps({{"optimizer": type(model.optimizer).__name__,
     # (The coordinator lists a sharded kernel's shards; the loaded model, whole.)
     flat = lambda weights: np.concatenate([np.ravel(w) for w in weights])  # noqa: E731
     np.testing.assert_array_equal(flat(result["weights"]), flat(report["weights"]))
+
+
+UNBUILT = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np, tensorflow as tf, tf_keras
+    import tfgc
+    from tfgc import cluster
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 32)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    report = {}
+    with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=200) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        with strategy.scope():
+            # No input shape: the weights are made in the first traced step, and the
+            # optimizer is used as a plain one (no build call).
+            model = tf_keras.Sequential([tf_keras.layers.Dense(64, activation="relu"),
+                                         tf_keras.layers.Dense(2)])
+            optimizer = tfgc.DistributedOptimizer(
+                tf_keras.optimizers.SGD(0.1), compression=tfgc.codecs.ThreeLC(1.0))
+            model.compile(optimizer,
+                          tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+        history = model.fit(data, epochs=3, steps_per_epoch=10, verbose=0)
+        report["losses"] = history.history["loss"]
+        report["traffic"] = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
+        report["residuals"] = [
+            [type(r).__name__, [float(np.abs(w.numpy()).sum()) for w in r.read_all()]]
+            for r in optimizer._residuals.values()]
+    print("REPORT " + json.dumps(report), flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+    """
+)
+
+
+def test_an_unbuilt_model_trains_without_building_the_optimizer(run_report):
+    report = run_report(UNBUILT, timeout=240)
+    losses = report["losses"]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    traffic = report["traffic"]
+    assert 0 < traffic["push_bytes"] < traffic["push_dense_bytes"] / 10
+    # The first Dense kernel (32x64) is compressed: one error-feedback buffer per
+    # worker, made at the first step, and each worker's holds what it has not sent.
+    [(kind, per_worker)] = report["residuals"]
+    assert kind == "PerWorkerVariable"
+    assert len(per_worker) == 2 and all(total > 0 for total in per_worker)

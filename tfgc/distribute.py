@@ -64,8 +64,13 @@ def local_variable(initial_value, name, per_worker):
     """
     strategy = tf.distribute.get_strategy()
     if is_parameter_server(strategy):
+        # A per-worker variable may be made from inside a traced step (the optimizer
+        # builds at its first `apply_gradients`, under `tf.init_scope`): it must skip
+        # tf.function's initializer lifting, which builds a variable that
+        # ParameterServerStrategy cannot copy to each worker.
         return tf.Variable(initial_value, trainable=False, name=name,
-                           per_worker_variable=per_worker)
+                           per_worker_variable=per_worker,
+                           experimental_enable_variable_lifting=not per_worker)
     if strategy.num_replicas_in_sync > 1:
         return tf.Variable(
             initial_value, trainable=False, name=name,

@@ -19,9 +19,8 @@ def fit_on_parameter_servers(model, strategy, dataset_fn, epochs, steps_per_epoc
     applies them, a `tfgc.DistributedOptimizer` pushing them compressed, one fused
     message per parameter server.
 
-    Build the model and call `model.optimizer.build(model.trainable_variables)` inside
-    `strategy.scope()` before training: the optimizer's per-worker error-feedback
-    buffers cannot be created while a step is traced.
+    The optimizer needs no build call: its per-worker error-feedback buffers are made
+    at the first step.
 
     Args:
       model: a Keras 3 model created and compiled (optimizer and loss) in

@@ -143,14 +143,6 @@ class CompressingBase:
         missing = [
             v for v in var_list if self.compresses(v) and self._key(v) not in self._codecs
         ]
-        strategy = tf.distribute.get_strategy()
-        if missing and is_parameter_server(strategy) and not tf.distribute.in_cross_replica_context():
-            # Per-worker variables cannot be created while a worker function is traced.
-            raise RuntimeError(
-                "Under ParameterServerStrategy, build the DistributedOptimizer before "
-                "training so that its per-worker error-feedback buffers exist: "
-                "`with strategy.scope(): optimizer.build(model.trainable_variables)`"
-            )
         for variable in missing:
             codec = self.compression.bind(variable)
             self._codecs[self._key(variable)] = codec
