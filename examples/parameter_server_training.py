@@ -49,7 +49,6 @@ def main(argv=None):
                 keras.optimizers.SGD(learning_rate=0.1),
                 compression=tfgc.codecs.ThreeLC(1.0), pull_compression=tfgc.codecs.ThreeLC(1.0),
                 min_elements=1)  # tfgc: this toy model's tensors are tiny
-            optimizer.build(model.trainable_variables)  # tfgc: compressed pulls start here
             model.compile(optimizer, loss="mse", steps_per_execution=10)
 
         working_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "my_working_dir")

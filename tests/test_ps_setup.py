@@ -87,7 +87,7 @@ SHARDED = textwrap.dedent(
             optimizer = tfgc.DistributedOptimizer(
                 tf_keras.optimizers.SGD(0.1), compression=tfgc.codecs.ThreeLC(1.0),
                 pull_compression=tfgc.codecs.ThreeLC(1.0))
-            optimizer.build(model.trainable_variables)
+            # No build call: the pulls start at the first step.
             model.compile(optimizer,
                           tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         kernel = model.layers[0].kernel

@@ -24,7 +24,9 @@ to the master (pushed compressed as usual).
 Use `get_variable` for variables you create yourself, or `compressed_pulls()` around
 model construction so that a Keras model's own weights are created this way. Pulls
 are compressed with the `pull_compression` codec of the `DistributedOptimizer` that
-builds with these variables; until one does, reads go to the master uncompressed.
+builds with these variables, or, at the first traced step, of the one
+`DistributedOptimizer` with `pull_compression` made under the same strategy; until
+then, reads go to the master uncompressed.
 Under ParameterServerStrategy the cache is a per-worker variable; with no strategy
 the same mechanism runs in one process (one worker) so accuracy can be studied
 locally. Under all-reduce strategies there are no pulls and variables are created
@@ -46,6 +48,33 @@ from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable
 
 _state = threading.local()  # set while this module creates its own buffers
+
+# Per strategy: the PulledVariables made under it that pull nothing yet (in creation
+# order), and the DistributedOptimizers with pull_compression made under it. The first
+# traced read of such a variable lets the one optimizer start every one's pulls.
+_not_started = weakref.WeakKeyDictionary()  # strategy -> [weakref to PulledVariable]
+_pullers = weakref.WeakKeyDictionary()  # strategy -> WeakSet of optimizers
+
+
+def register_puller(optimizer):
+    """Lets `optimizer` (it has a pull_compression) start the pulls of the
+    PulledVariables of the current strategy at their first traced read."""
+    _pullers.setdefault(tf.distribute.get_strategy(), weakref.WeakSet()).add(optimizer)
+
+
+def _start_pulls():
+    """Has the current strategy's one pulling optimizer start the pulls of every
+    PulledVariable made under the strategy (one group per parameter server). Nothing
+    happens when there is no such optimizer, or more than one (then the optimizer
+    that builds with the variables starts them)."""
+    strategy = tf.distribute.get_strategy()
+    pullers = list(_pullers.get(strategy, ()))
+    if len(pullers) != 1:
+        return
+    waiting = [v for v in (ref() for ref in _not_started.pop(strategy, ()))
+               if v is not None and v.pull_codec is None]
+    with tf.init_scope():  # its buffers are made outside the step being traced
+        pullers[0].enable_pulls(waiting)
 
 
 def get_variable(name, shape, dtype=tf.float32, initializer="glorot_uniform", trainable=True):
@@ -163,6 +192,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
             _state.creating_buffers = False
         self._codec = None
         self._group = None  # the tfgc.wire.ParameterServerPull that pulls this variable
+        _not_started.setdefault(tf.distribute.get_strategy(), []).append(weakref.ref(self))
         self._pulled = weakref.WeakKeyDictionary()  # graph -> (cache handle, pull op)
 
     @property
@@ -199,13 +229,15 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
     # --- where reads go -------------------------------------------------------------
 
     def _reads_cache(self):
-        return (
-            self._codec is not None
-            and not tf.executing_eagerly()
+        in_step = (
+            not tf.executing_eagerly()
             and not tf.distribute.in_cross_replica_context()
             # A SavedModel export traces the model to serve it: from the master.
             and not save_context.in_save_context()
         )
+        if in_step and self._codec is None:
+            _start_pulls()
+        return in_step and self._codec is not None
 
     def _cache_state(self):
         """(cache handle, pull op) of the current graph; the pull is added on first use."""

@@ -11,7 +11,7 @@ from tfgc.distribute import (
     worker_devices,
 )
 from tfgc.memory import feedback_step
-from tfgc.variables import PulledVariable
+from tfgc.variables import PulledVariable, register_puller
 from tfgc.wire import ParameterServerPull, choose_wire
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
@@ -79,6 +79,9 @@ class CompressingBase:
         # bytes per variable (the last column: variables built later). One update per
         # step and direction keeps counting off the wire.
         self._traffic = None
+        self._uncounted = []  # [(direction, sent)] traced before the counters existed
+        if pull_compression is not None:
+            register_puller(self)
 
     def _variable_index(self, variable):
         """The variable's position in the optimizer (as for its slots)."""
@@ -161,10 +164,10 @@ class CompressingBase:
         """The variable updates go to; enables compressed pulls of a `PulledVariable`."""
         if not isinstance(variable, PulledVariable):
             return variable
-        self._enable_pulls([variable])
+        self.enable_pulls([variable])
         return variable.master
 
-    def _enable_pulls(self, variables):
+    def enable_pulls(self, variables):
         """Makes the `PulledVariable`s among `variables` pull through
         `pull_compression`, one group (one message per step) per parameter server."""
         if any(isinstance(v, PulledVariable) for v in variables):
@@ -184,9 +187,10 @@ class CompressingBase:
         if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
             # The step reading these variables was traced with uncompressed pulls.
             raise RuntimeError(
-                "Compressed pulls start when the DistributedOptimizer is built: call "
-                "`optimizer.build(model.trainable_variables)` (inside strategy.scope() "
-                "if there is a strategy) before training"
+                "Compressed pulls start at the first step when exactly one "
+                "DistributedOptimizer with pull_compression was made in this strategy's "
+                "scope; otherwise call `optimizer.build(model.trainable_variables)` "
+                "(inside strategy.scope() if there is a strategy) before training"
             )
         groups = {}  # one per parameter server (and dtype: the snapshots are one buffer)
         for variable in waiting:
@@ -231,6 +235,11 @@ class CompressingBase:
         """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
         if not sent:
             return
+        if self._traffic is None:
+            # Pulls started by the first step's reads, before this optimizer was built
+            # in that step: counted by `_record_uncounted` once it is.
+            self._uncounted.append((direction, sent))
+            return
         # Columns are the variables' positions at the first build; later ones share
         # the last column.
         other = len(self._traffic_names) - 1
@@ -240,6 +249,12 @@ class CompressingBase:
         updates += [tf.constant(dense_nbytes(v), tf.int64) for v, _ in sent]
         counter = self._traffic[direction]
         counter.assign_add(tf.scatter_nd(indices, tf.stack(updates), counter.shape))
+
+    def _record_uncounted(self):
+        """Counts what `_record` was given before the counters existed (same trace)."""
+        uncounted, self._uncounted = self._uncounted, []
+        for direction, sent in uncounted:
+            self._record(direction, sent)
 
     def codec_for(self, variable):
         """The codec bound to `variable` (see `Codec.bind`)."""

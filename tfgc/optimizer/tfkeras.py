@@ -38,7 +38,7 @@ class _CompressingMixin(CompressingBase):
         return self._index_dict[self._var_key(variable)]
 
     def build(self, var_list):
-        self._enable_pulls(var_list)  # all at once: one pull group per parameter server
+        self.enable_pulls(var_list)  # all at once: one pull group per parameter server
         var_list = [self._master_of(v) for v in var_list]
         super().build(var_list)
         self._build_compression(var_list)
@@ -50,6 +50,7 @@ class _CompressingMixin(CompressingBase):
             return super().apply_gradients(grads_and_vars, name=name)
         with tf.init_scope():
             self.build([v for _, v in grads_and_vars])
+        self._record_uncounted()
         strategy = tf.distribute.get_strategy()
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
