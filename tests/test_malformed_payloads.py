@@ -73,3 +73,38 @@ def test_malformed_fused_messages_decode_to_the_expected_shape_or_fail_cleanly(c
         assert out.shape == x.shape and out.dtype == x.dtype, (codec, out.shape)
         outcomes["decoded"] += 1
     assert outcomes["refused"] > 0, outcomes  # cuts and extensions at least
+
+
+@pytest.mark.parametrize("codec", [C.ThreeLC(1.0), C.ThreeLC(1.75)], ids=repr)
+def test_malformed_batched_messages_decode_to_the_expected_shapes_or_fail_cleanly(codec):
+    rng = np.random.default_rng(1)
+    shapes = [(3, 3, 8, 8), (7,), (20, 33)]
+    xs = [tf.constant(rng.normal(size=s).astype(np.float32)) for s in shapes]
+    holder = {}
+
+    @tf.function(input_signature=[tf.TensorSpec(s, tf.float32) for s in shapes])
+    def pack(*tensors):
+        layout, message = Layout.pack([codec.encode_batch(list(tensors))])
+        holder["layout"] = layout
+        return message
+
+    good = pack(*xs).numpy()
+    layout = holder["layout"]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.uint8)])
+    def receive(message):
+        [payload] = layout.unpack(message)
+        return codec.decode_batch(payload, shapes)
+
+    for decoded, x in zip(receive(tf.constant(good)), xs):
+        np.testing.assert_array_equal(decoded.numpy(), codec.decode(codec.encode(x)).numpy())
+    outcomes = {"decoded": 0, "refused": 0}
+    for bad in mutations(good, layout.header_nbytes, rng):
+        try:
+            out = receive(tf.constant(bad, tf.uint8))
+        except tf.errors.InvalidArgumentError:
+            outcomes["refused"] += 1
+            continue
+        assert [tuple(t.shape) for t in out] == shapes
+        outcomes["decoded"] += 1
+    assert outcomes["refused"] > 0, outcomes

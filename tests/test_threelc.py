@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+from tfgc import memory
 from tfgc_ops import reference
 
 
@@ -132,3 +133,43 @@ def test_codec_config_roundtrip():
     codec = tfgc.codecs.ThreeLC(1.75)
     again = tfgc.codecs.ThreeLC.from_config(codec.get_config())
     assert again.sparsity == 1.75 and repr(again) == "ThreeLC(sparsity=1.75)"
+
+
+def test_batched_encoding_decodes_each_tensor_as_its_own_encoding(rng):
+    codec = tfgc.codecs.ThreeLC(1.0)
+    shapes = [(3, 3, 16, 16), (7,), (10, 64), (1,), (0,)]
+    # Scales that differ by orders of magnitude: each tensor keeps its own M.
+    xs = [(rng.standard_t(3, size=s) * 10.0 ** i).astype(np.float32) for i, s in enumerate(shapes)]
+    payload, sent = codec.encode_and_reconstruct_batch([tf.constant(x) for x in xs])
+    assert sorted(payload) == ["data", "scales"]  # no shapes: the receiver knows them
+    decoded = codec.decode_batch(payload, shapes)
+    for x, reconstruction, out in zip(xs, sent, decoded):
+        alone = codec.decode(codec.encode(x)).numpy()
+        np.testing.assert_array_equal(out.numpy(), alone)
+        np.testing.assert_array_equal(reconstruction.numpy(), alone)
+    # One zero-run stream: fewer bytes than the tensors' own payloads together.
+    apart = sum(int(tfgc.codecs.payload_nbytes(codec.encode(x))) for x in xs)
+    assert int(tfgc.codecs.payload_nbytes(payload)) < apart
+
+
+def test_batched_encoding_takes_one_dtype_and_checks_the_size(rng):
+    codec = tfgc.codecs.ThreeLC(1.0)
+    with pytest.raises(ValueError, match="one dtype"):
+        codec.encode_batch([tf.zeros([4]), tf.zeros([4], tf.float16)])
+    payload = codec.encode_batch([tf.ones([10]), tf.ones([5])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not match"):
+        codec.decode_batch(payload, [(10,), (6,)])  # one more group than was sent
+
+
+def test_batched_error_feedback_equals_one_tensor_at_a_time(rng):
+    codec = tfgc.codecs.ThreeLC(1.75)
+    shapes = [(40, 40), (300,)]
+    together = [tf.Variable(tf.zeros(s)) for s in shapes]
+    alone = [tf.Variable(tf.zeros(s)) for s in shapes]
+    for _ in range(5):
+        xs = [tf.constant(rng.normal(size=s).astype(np.float32)) for s in shapes]
+        _, sent = memory.feedback_batch_step(codec, xs, together)
+        for x, residual, out in zip(xs, alone, sent):
+            np.testing.assert_array_equal(out.numpy(), memory.feedback_step(codec, x, residual)[1].numpy())
+    for a, b in zip(together, alone):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -90,8 +90,24 @@ def feedback_step(codec, x, residual):
     """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent)."""
     total = x + residual
     payload, sent = codec.encode_and_reconstruct(total)
+    _keep_unsent(total, sent, residual)
+    return payload, sent
+
+
+def feedback_batch_step(codec, xs, residuals):
+    """`feedback_step` for a list of tensors encoded into one payload by a batched
+    codec (`codec.batched`), each with its own residual; returns (payload, [sent])."""
+    totals = [x + residual for x, residual in zip(xs, residuals)]
+    payload, sents = codec.encode_and_reconstruct_batch(totals)
+    for total, sent, residual in zip(totals, sents, residuals):
+        _keep_unsent(total, sent, residual)
+    return payload, sents
+
+
+def _keep_unsent(total, sent, residual):
+    """Steps a, b: the residual becomes what was not sent, or keeps its value when that
+    is not finite."""
     # One check covers a non-finite input, a non-finite decoding and their difference
     # overflowing (inf - x and NaN - x are not finite).
     unsent = total - sent
     residual.assign(tf.where(base.all_finite(unsent), unsent, residual))
-    return payload, sent

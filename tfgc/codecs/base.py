@@ -49,6 +49,11 @@ class Codec(abc.ABC):
     #: then replaces the optimizer's generic all-reduce (no error feedback).
     owns_all_reduce = False
 
+    #: True when `encode_batch` / `decode_batch` put a list of same-dtype tensors into
+    #: ONE payload in one pass (a fused wire sends each such group as one payload);
+    #: other codecs' tensors travel as one payload each.
+    batched = False
+
     @property
     def name(self):
         return type(self).__name__
@@ -65,6 +70,19 @@ class Codec(abc.ABC):
         """Returns (payload, decode(payload)), possibly without running the decoder."""
         payload = self.encode(x)
         return payload, self.decode(payload)
+
+    def encode_batch(self, tensors):
+        """Compresses a list of tensors of one dtype into one payload (`batched` codecs)."""
+        return self.encode_and_reconstruct_batch(tensors)[0]
+
+    def encode_and_reconstruct_batch(self, tensors):
+        """Returns (payload, [decoding of each tensor]) for `encode_batch`."""
+        raise NotImplementedError(f"{self.name} has no batched encoding (batched=False)")
+
+    def decode_batch(self, payload, shapes):
+        """The tensors of an `encode_batch` payload, given their static `shapes` (the
+        receiver knows them: the payload carries none)."""
+        raise NotImplementedError(f"{self.name} has no batched decoding (batched=False)")
 
     def bind(self, variable):
         """The codec to use for `variable`'s gradients (default: this one).
@@ -143,6 +161,14 @@ def check_floating(x, codec_name):
             f"(got shape {x.shape}); split the variable"
         )
     return x
+
+
+def check_one_dtype(tensors, codec_name):
+    """Raises ValueError unless `tensors` (a non-empty list) share one dtype."""
+    dtypes = {x.dtype for x in tensors}
+    if len(dtypes) != 1:
+        raise ValueError(f"{codec_name} batches tensors of one dtype, got "
+                         f"{sorted(d.name for d in dtypes) or 'no tensor'}")
 
 
 def shape_of(x):

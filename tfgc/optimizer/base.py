@@ -10,7 +10,7 @@ from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, require_ops_on,
     worker_devices,
 )
-from tfgc.memory import feedback_step
+from tfgc.memory import feedback_batch_step, feedback_step
 from tfgc.variables import PulledVariable, register_puller
 from tfgc.wire import ParameterServerPull, choose_wire
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
@@ -276,6 +276,24 @@ class CompressingBase:
         if residual is None or not self.compresses(variable):
             return codec.encode(gradient)
         return feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
+
+    def wire_batch_key(self, variable):
+        """Gradients with one key travel as one payload of a batched codec
+        (`Codec.batched`) on fused wires; None: `variable`'s travels on its own."""
+        if not self.compresses(variable) or not self.wire_codec(variable).batched:
+            return None
+        has_residual = self._residual_key(variable) in self._residuals
+        return id(self.wire_codec(variable)), variable.dtype, has_residual
+
+    def wire_batch_payload(self, pairs):
+        """Encodes the gradients of (gradient, variable) `pairs` that share a
+        `wire_batch_key` into one payload (with error feedback where kept)."""
+        codec = self.wire_codec(pairs[0][1])
+        gradients = [tf.convert_to_tensor(g) for g, _ in pairs]
+        residuals = [self._residuals.get(self._residual_key(v)) for _, v in pairs]
+        if residuals[0] is None:
+            return codec.encode_batch(gradients)
+        return feedback_batch_step(codec, gradients, residuals)[0]
 
     def _send_all(self, strategy, grads_and_vars, aggregate):
         """Sends every gradient over the wire `strategy` calls for and counts the bytes;

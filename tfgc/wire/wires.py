@@ -58,14 +58,60 @@ class _FusedWire(Wire):
         return list(zip(received, (v for _, v in grads_and_vars))), sent
 
     def _send_message(self, destination, pairs):
-        payloads = [self.sender.wire_payload(g, v) for g, v in pairs]
+        units = self._units(pairs)
+        payloads = [self.sender.wire_payload(*pairs[unit[0]]) if len(unit) == 1
+                    else self.sender.wire_batch_payload([pairs[i] for i in unit])
+                    for unit in units]
         layout, message = Layout.pack(payloads)
-        nbytes = layout.payload_nbytes(payloads)
+        nbytes = [None] * len(pairs)
+        for unit, total in zip(units, layout.payload_nbytes(payloads)):
+            sizes = [pairs[i][1].shape.num_elements() for i in unit]
+            for i, share in zip(unit, _shares(total, sizes)):
+                nbytes[i] = share
+        decoded = [None] * len(pairs)
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
             unpacked = layout.unpack(message, name=f"fused message for {destination or 'here'}")
-            decoded = [self.sender.wire_codec(v).decode(p) for p, (_, v) in zip(unpacked, pairs)]
+            for unit, payload in zip(units, unpacked):
+                variables = [pairs[i][1] for i in unit]
+                codec = self.sender.wire_codec(variables[0])
+                values = ([codec.decode(payload)] if len(unit) == 1
+                          else codec.decode_batch(payload, [v.shape for v in variables]))
+                for i, value in zip(unit, values):
+                    decoded[i] = value
         return decoded, nbytes
+
+    def _units(self, pairs):
+        """Positions in `pairs` that travel as one payload: a batched codec's group
+        (one `wire_batch_key`), or a gradient on its own."""
+        units, batches = [], {}
+        for position, (gradient, variable) in enumerate(pairs):
+            key = None
+            if not isinstance(gradient, tf.IndexedSlices):
+                key = self.sender.wire_batch_key(variable)
+            if key is None:
+                units.append([position])
+            elif key in batches:
+                batches[key].append(position)
+            else:
+                batches[key] = [position]
+                units.append(batches[key])
+        return units
+
+
+def _shares(total, sizes):
+    """`total` (an int64 scalar tensor) split over the members of a payload in
+    proportion to their `sizes` (elements), adding up to `total` exactly."""
+    if len(sizes) == 1:
+        return [total]
+    whole, shares, before = sum(sizes), [], tf.constant(0, tf.int64)
+    cumulative = 0
+    for size in sizes:
+        cumulative += size
+        upto = total * cumulative // whole
+        shares.append(upto - before)
+        before = upto
+    return shares
 
 
 class LocalWire(_FusedWire):
