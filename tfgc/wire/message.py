@@ -221,3 +221,34 @@ def fused_nbytes(encode, *tensors):
 
     signature = [tf.TensorSpec(t.shape, t.dtype) for t in map(tf.convert_to_tensor, tensors)]
     return int(tf.function(count, input_signature=signature, autograph=False)(*tensors))
+
+
+def payload_units(keys):
+    """Groups positions into the payloads they travel in: positions with one batch key
+    (a batched codec's tensors) share a payload, a None key travels alone. Returns
+    lists of positions, in the order of their first position."""
+    units, batches = [], {}
+    for position, key in enumerate(keys):
+        if key is None:
+            units.append([position])
+        elif key in batches:
+            batches[key].append(position)
+        else:
+            batches[key] = [position]
+            units.append(batches[key])
+    return units
+
+
+def split_bytes(total, sizes):
+    """`total` bytes (an int64 scalar tensor) of one payload split over the tensors it
+    holds, in proportion to their `sizes` (elements), adding up to `total` exactly."""
+    if len(sizes) == 1 or not sum(sizes):
+        return [tf.zeros_like(total)] * (len(sizes) - 1) + [total]
+    whole, shares = sum(sizes), []
+    before, cumulative = tf.constant(0, tf.int64), 0
+    for size in sizes:
+        cumulative += size
+        upto = total * cumulative // whole
+        shares.append(upto - before)
+        before = upto
+    return shares

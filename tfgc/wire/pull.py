@@ -7,6 +7,7 @@ read of any of them, the worker pulls all of them at once:
 
     worker:  state = [worker index, synced]                   (one int32[2] crosses)
     server:  payload_i = encode(master_i - snapshot_i[w])     for every variable i
+             (a batched codec's deltas: one payload for all, `Codec.encode_batch`)
              full = the masters' bytes if not synced, else nothing
              message = Layout.pack([payload_1, ..., payload_k, {"full": full}])
              snapshot_i[w] = synced ? snapshot_i[w] + decode(payload_i) : master_i
@@ -25,7 +26,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfgc.distribute import (
     colocated_with, dense_nbytes, local_variable, num_workers, worker_index)
-from tfgc.wire.message import Layout, from_bytes, to_bytes
+from tfgc.wire.message import Layout, from_bytes, payload_units, split_bytes, to_bytes
 
 
 class ParameterServerPull:
@@ -52,6 +53,8 @@ class ParameterServerPull:
         self.device, self.dtype = kinds.pop()
         self._count = count
         self._sizes = [v.master.shape.num_elements() for v in self.variables]
+        # Variables whose (batched) codec is shared travel as one payload.
+        self._units = payload_units([id(c) if c.batched else None for c in self.codecs])
         self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
         self.synced = local_variable(tf.constant(False), "pull_synced", per_worker=True)
         with colocated_with(self.variables[0].master):
@@ -86,19 +89,25 @@ class ParameterServerPull:
         state = tf.stack([worker_index(), tf.cast(synced, tf.int32)])
         with tf.device(self.device):
             message, layout = self._serve(state)
-        payloads = layout.unpack(message, name=f"pull message from {self.device}")
-        full = payloads.pop()["full"]
+        unpacked = layout.unpack(message, name=f"pull message from {self.device}")
+        full = unpacked.pop()["full"]
         full_size = tf.debugging.Assert(  # a bare Assert: see Layout.unpack
             tf.equal(tf.size(full), tf.where(synced, 0, self._full_nbytes)),
             [f"pull message from {self.device}: full section of the wrong size"])
         with tf.control_dependencies([full_size]):
             full = tf.identity(full)
+        deltas = [None] * len(self.variables)  # decoded outside the cond: see tfgc.variables
+        for unit, payload in zip(self._units, unpacked):
+            codec = self.codecs[unit[0]]
+            values = ([codec.decode(payload)] if len(unit) == 1 else codec.decode_batch(
+                payload, [self.variables[i].master.shape for i in unit]))
+            for i, value in zip(unit, values):
+                deltas[i] = value
         updates, width = [], self.dtype.size
-        for variable, codec, payload, cache, offset, size in zip(
-                self.variables, self.codecs, payloads, caches, self._offsets, self._sizes):
+        for variable, delta, cache, offset, size in zip(
+                self.variables, deltas, caches, self._offsets, self._sizes):
             master = variable.master
             current = gen_resource_variable_ops.read_variable_op(cache, master.dtype)
-            delta = codec.decode(payload)  # outside the cond: see tfgc.variables
 
             def full_value(start=offset * width, end=(offset + size) * width, master=master):
                 return tf.reshape(from_bytes(full[start:end], master.dtype), master.shape)
@@ -108,14 +117,18 @@ class ParameterServerPull:
         with tf.control_dependencies(updates):
             done = gen_resource_variable_ops.assign_variable_op(synced_handle, True)
         if self._count is not None:
-            self._count(self._counted(layout, payloads, full, synced))
+            self._count(self._counted(layout, unpacked, full, synced))
         return done
 
     def _counted(self, layout, payloads, full, synced):
-        """[(master, bytes of the message it accounts for)]: its payload, and its dense
-        bytes on a full pull; what the full section costs beyond those (its length
-        word) goes to the first."""
-        *counted, full_share = layout.payload_nbytes(payloads + [{"full": full}])
+        """[(master, bytes of the message it accounts for)]: its share of its payload,
+        and its dense bytes on a full pull; what the full section costs beyond those
+        (its length word) goes to the first."""
+        *per_payload, full_share = layout.payload_nbytes(payloads + [{"full": full}])
+        counted = [None] * len(self.variables)
+        for unit, total in zip(self._units, per_payload):
+            for i, share in zip(unit, split_bytes(total, [self._sizes[i] for i in unit])):
+                counted[i] = share
         counted[0] += full_share - tf.size(full, out_type=tf.int64)
         full_pull = tf.where(synced, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
         return [(v.master, nbytes + full_pull * dense_nbytes(v.master))
@@ -128,16 +141,24 @@ class ParameterServerPull:
         worker, synced = state[0], state[1] > 0
         rows = tf.reshape(worker, [1])
         row = tf.gather(self.snapshots, worker)
-        payloads, snapshots_after, values = [], [], []
-        for variable, codec, offset, size in zip(self.variables, self.codecs, self._offsets,
-                                                 self._sizes):
-            value = variable.master.read_value()
-            snapshot = tf.reshape(row[offset:offset + size], variable.master.shape)
+        values, snapshots = [], []
+        for variable, offset, size in zip(self.variables, self._offsets, self._sizes):
+            values.append(variable.master.read_value())
+            snapshots.append(tf.reshape(row[offset:offset + size], variable.master.shape))
+        payloads, sents = [], [None] * len(self.variables)
+        for unit in self._units:
+            codec, deltas = self.codecs[unit[0]], [values[i] - snapshots[i] for i in unit]
             # encode_and_reconstruct: the reconstruction is the receiver's decoding.
-            payload, sent = codec.encode_and_reconstruct(value - snapshot)
+            if len(unit) == 1:
+                payload, sent = codec.encode_and_reconstruct(deltas[0])
+                sent = [sent]
+            else:
+                payload, sent = codec.encode_and_reconstruct_batch(deltas)
             payloads.append(payload)
-            values.append(value)
-            snapshots_after.append(tf.reshape(tf.where(synced, snapshot + sent, value), [-1]))
+            for i, reconstruction in zip(unit, sent):
+                sents[i] = reconstruction
+        snapshots_after = [tf.reshape(tf.where(synced, snapshot + sent, value), [-1])
+                           for value, snapshot, sent in zip(values, snapshots, sents)]
         full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8),
                        lambda: tf.concat([to_bytes(v) for v in values], axis=0))
         layout, message = Layout.pack(payloads + [{"full": full}])

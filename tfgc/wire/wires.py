@@ -3,9 +3,11 @@ applied, compressed on the way.
 
 A wire is chosen once per `apply_gradients` from the strategy in scope and sends all
 gradients of the step at once. It asks the optimizer that owns it (the `sender`) for
-three things: `wire_payload(gradient, variable)` encodes a gradient (with error
-feedback), `wire_codec(variable)` is the codec that decodes it, and
-`compresses(variable)` says whether the main codec handles it.
+`wire_payload(gradient, variable)`, which encodes a gradient (with error feedback),
+`wire_codec(variable)`, the codec that decodes it, and `compresses(variable)`, whether
+the main codec handles it. Fused wires also ask `wire_batch_key(variable)`: gradients
+with one key (a batched codec's, `Codec.batched`) are encoded together into one
+payload by `wire_batch_payload(pairs)`.
 """
 import abc
 import contextlib
@@ -15,7 +17,7 @@ import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
-from tfgc.wire.message import Layout
+from tfgc.wire.message import Layout, payload_units, split_bytes
 
 
 class Wire(abc.ABC):
@@ -66,7 +68,7 @@ class _FusedWire(Wire):
         nbytes = [None] * len(pairs)
         for unit, total in zip(units, layout.payload_nbytes(payloads)):
             sizes = [pairs[i][1].shape.num_elements() for i in unit]
-            for i, share in zip(unit, _shares(total, sizes)):
+            for i, share in zip(unit, split_bytes(total, sizes)):
                 nbytes[i] = share
         decoded = [None] * len(pairs)
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
@@ -82,36 +84,10 @@ class _FusedWire(Wire):
         return decoded, nbytes
 
     def _units(self, pairs):
-        """Positions in `pairs` that travel as one payload: a batched codec's group
-        (one `wire_batch_key`), or a gradient on its own."""
-        units, batches = [], {}
-        for position, (gradient, variable) in enumerate(pairs):
-            key = None
-            if not isinstance(gradient, tf.IndexedSlices):
-                key = self.sender.wire_batch_key(variable)
-            if key is None:
-                units.append([position])
-            elif key in batches:
-                batches[key].append(position)
-            else:
-                batches[key] = [position]
-                units.append(batches[key])
-        return units
-
-
-def _shares(total, sizes):
-    """`total` (an int64 scalar tensor) split over the members of a payload in
-    proportion to their `sizes` (elements), adding up to `total` exactly."""
-    if len(sizes) == 1:
-        return [total]
-    whole, shares, before = sum(sizes), [], tf.constant(0, tf.int64)
-    cumulative = 0
-    for size in sizes:
-        cumulative += size
-        upto = total * cumulative // whole
-        shares.append(upto - before)
-        before = upto
-    return shares
+        """Positions in `pairs` that travel as one payload (see `payload_units`)."""
+        return payload_units([
+            None if isinstance(gradient, tf.IndexedSlices) else self.sender.wire_batch_key(variable)
+            for gradient, variable in pairs])
 
 
 class LocalWire(_FusedWire):
