@@ -103,17 +103,19 @@ class ParameterServerPull:
                 payload, [self.variables[i].master.shape for i in unit]))
             for i, value in zip(unit, values):
                 deltas[i] = value
-        updates, width = [], self.dtype.size
-        for variable, delta, cache, offset, size in zip(
-                self.variables, deltas, caches, self._offsets, self._sizes):
-            master = variable.master
-            current = gen_resource_variable_ops.read_variable_op(cache, master.dtype)
+        currents = [gen_resource_variable_ops.read_variable_op(cache, self.dtype)
+                    for cache in caches]
 
-            def full_value(start=offset * width, end=(offset + size) * width, master=master):
-                return tf.reshape(from_bytes(full[start:end], master.dtype), master.shape)
+        def full_values():
+            width = self.dtype.size
+            return [tf.reshape(from_bytes(full[offset * width:(offset + size) * width],
+                                          self.dtype), variable.master.shape)
+                    for variable, offset, size in zip(self.variables, self._offsets, self._sizes)]
 
-            new = tf.cond(synced, lambda current=current, delta=delta: current + delta, full_value)
-            updates.append(gen_resource_variable_ops.assign_variable_op(cache, new))
+        # One cond for the group (each cond costs two function graphs to trace).
+        news = tf.cond(synced, lambda: [c + d for c, d in zip(currents, deltas)], full_values)
+        updates = [gen_resource_variable_ops.assign_variable_op(cache, new)
+                   for cache, new in zip(caches, news)]
         with tf.control_dependencies(updates):
             done = gen_resource_variable_ops.assign_variable_op(synced_handle, True)
         if self._count is not None:
