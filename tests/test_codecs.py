@@ -247,6 +247,20 @@ def test_sparsifiers_keep_the_largest(rng):
     assert np.abs(x[kept]).min() >= np.abs(x[~kept]).max()
 
 
+def test_topk_sends_no_zeros_ties_by_position_and_non_finite_first():
+    sparse = np.zeros([1000], np.float32)
+    sparse[[3, 500, 999]] = [1.0, -2.0, 0.5]  # k = 10, three non-zeros: only those sent
+    payload = C.TopK(0.01).encode(sparse)
+    assert payload["indices"].numpy().tolist() == [3, 500, 999]
+    np.testing.assert_array_equal(C.TopK(0.01).decode(payload).numpy(), sparse)
+    tied = np.full([1000], 3.0, np.float32)  # all tied: the first k by position
+    assert C.TopK(0.01).encode(tied)["indices"].numpy().tolist() == list(range(10))
+    poisoned = np.arange(1000, dtype=np.float32)
+    poisoned[[7, 8]] = [np.nan, -np.inf]  # sent, and the 8 largest others
+    indices = C.TopK(0.01).encode(poisoned)["indices"].numpy().tolist()
+    assert indices == [7, 8] + list(range(992, 1000))
+
+
 def _structured_layouts(rng):
     """Dense-layer-like gradients whose large values sit where a strided sample misses."""
     columns = rng.normal(size=[1024, 256]).astype(np.float32)

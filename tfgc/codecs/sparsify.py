@@ -55,7 +55,8 @@ class Sparsify(base.ReconstructingCodec):
 
 
 class TopK(base.ReconstructingCodec):
-    """Sends the k = ceil(ratio * n) largest-magnitude values and their int32 indices.
+    """Sends the k = ceil(ratio * n) largest-magnitude values and their int32 indices
+    (fewer when fewer are non-zero; non-finite values always, as a failed step).
 
     Payload: {"indices": int32 (ascending), "values" in x's dtype, "shape"}.
     """
@@ -70,11 +71,15 @@ class TopK(base.ReconstructingCodec):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(x, [-1])
         magnitude = tf.abs(tf.cast(flat, tf.float32))
-        ranking = tf.where(tf.math.is_finite(magnitude), magnitude, float("inf"))
+        finite = tf.math.is_finite(magnitude)
         n = tf.size(flat)
         k = tf.minimum(n, tf.cast(tf.math.ceil(self.ratio * tf.cast(n, tf.float32)), tf.int32))
-        _, indices = tf.math.top_k(ranking, k, sorted=False)
-        indices = tf.sort(indices)
+        # Non-finite values first (the failure must reach the receiver), then the
+        # largest of the rest by the exact two-pass threshold (no sort: tf.math.top_k
+        # ran at 0.17 GB/s on 16M values); zeros are never sent.
+        unseen = k - tf.reduce_sum(tf.cast(~finite, tf.int32))
+        keep = (largest(tf.where(finite, magnitude, 0.0), unseen) & (unseen > 0)) | ~finite
+        indices = tf.cast(tf.reshape(tf.where(keep), [-1]), tf.int32)  # ascending
         values = tf.gather(flat, indices)
         payload = {"indices": indices, "values": values, "shape": base.shape_of(x)}
         dense = tf.scatter_nd(indices[:, None], values, tf.shape(flat))
