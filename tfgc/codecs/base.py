@@ -84,6 +84,20 @@ class Codec(abc.ABC):
         receiver knows them: the payload carries none)."""
         raise NotImplementedError(f"{self.name} has no batched decoding (batched=False)")
 
+    def encode_and_reconstruct_group(self, tensors):
+        """(payload, [decoding of each tensor]) for the tensors of one payload: a tensor
+        alone in its own format, several in the batched one (`batched` codecs)."""
+        if len(tensors) == 1:
+            payload, sent = self.encode_and_reconstruct(tensors[0])
+            return payload, [sent]
+        return self.encode_and_reconstruct_batch(tensors)
+
+    def decode_group(self, payload, shapes):
+        """Inverse of `encode_and_reconstruct_group`, given the tensors' static shapes."""
+        if len(shapes) == 1:
+            return [self.decode(payload)]
+        return self.decode_batch(payload, shapes)
+
     def bind(self, variable):
         """The codec to use for `variable`'s gradients (default: this one).
 

@@ -280,10 +280,11 @@ class CompressingBase:
     def wire_batch_key(self, variable):
         """Gradients with one key travel as one payload of a batched codec
         (`Codec.batched`) on fused wires; None: `variable`'s travels on its own."""
-        if not self.compresses(variable) or not self.wire_codec(variable).batched:
+        codec = self.wire_codec(variable)
+        if not self.compresses(variable) or not codec.batched:
             return None
         has_residual = self._residual_key(variable) in self._residuals
-        return id(self.wire_codec(variable)), variable.dtype, has_residual
+        return id(codec), variable.dtype, has_residual
 
     def wire_batch_payload(self, pairs):
         """Encodes the gradients of (gradient, variable) `pairs` that share a

@@ -239,6 +239,23 @@ def payload_units(keys):
     return units
 
 
+def spread(units, per_unit):
+    """Lists of values per unit (as `payload_units` groups positions) -> one value per
+    position."""
+    values = [None] * sum(len(unit) for unit in units)
+    for unit, unit_values in zip(units, per_unit):
+        for position, value in zip(unit, unit_values):
+            values[position] = value
+    return values
+
+
+def shares_by_position(units, totals, sizes):
+    """Each position's share of its unit's payload bytes (`totals`, one per unit), in
+    proportion to the positions' `sizes`."""
+    return spread(units, [split_bytes(total, [sizes[i] for i in unit])
+                          for unit, total in zip(units, totals)])
+
+
 def split_bytes(total, sizes):
     """`total` bytes (an int64 scalar tensor) of one payload split over the tensors it
     holds, in proportion to their `sizes` (elements), adding up to `total` exactly."""

@@ -26,7 +26,8 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfgc.distribute import (
     colocated_with, dense_nbytes, local_variable, num_workers, worker_index)
-from tfgc.wire.message import Layout, from_bytes, payload_units, split_bytes, to_bytes
+from tfgc.wire.message import (
+    Layout, from_bytes, payload_units, shares_by_position, spread, to_bytes)
 
 
 class ParameterServerPull:
@@ -96,13 +97,10 @@ class ParameterServerPull:
             [f"pull message from {self.device}: full section of the wrong size"])
         with tf.control_dependencies([full_size]):
             full = tf.identity(full)
-        deltas = [None] * len(self.variables)  # decoded outside the cond: see tfgc.variables
-        for unit, payload in zip(self._units, unpacked):
-            codec = self.codecs[unit[0]]
-            values = ([codec.decode(payload)] if len(unit) == 1 else codec.decode_batch(
-                payload, [self.variables[i].master.shape for i in unit]))
-            for i, value in zip(unit, values):
-                deltas[i] = value
+        deltas = spread(self._units, [  # decoded outside the cond: see tfgc.variables
+            self.codecs[unit[0]].decode_group(
+                payload, [self.variables[i].master.shape for i in unit])
+            for unit, payload in zip(self._units, unpacked)])
         currents = [gen_resource_variable_ops.read_variable_op(cache, self.dtype)
                     for cache in caches]
 
@@ -127,10 +125,7 @@ class ParameterServerPull:
         and its dense bytes on a full pull; what the full section costs beyond those
         (its length word) goes to the first."""
         *per_payload, full_share = layout.payload_nbytes(payloads + [{"full": full}])
-        counted = [None] * len(self.variables)
-        for unit, total in zip(self._units, per_payload):
-            for i, share in zip(unit, split_bytes(total, [self._sizes[i] for i in unit])):
-                counted[i] = share
+        counted = shares_by_position(self._units, per_payload, self._sizes)
         counted[0] += full_share - tf.size(full, out_type=tf.int64)
         full_pull = tf.where(synced, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
         return [(v.master, nbytes + full_pull * dense_nbytes(v.master))
@@ -147,18 +142,12 @@ class ParameterServerPull:
         for variable, offset, size in zip(self.variables, self._offsets, self._sizes):
             values.append(variable.master.read_value())
             snapshots.append(tf.reshape(row[offset:offset + size], variable.master.shape))
-        payloads, sents = [], [None] * len(self.variables)
-        for unit in self._units:
-            codec, deltas = self.codecs[unit[0]], [values[i] - snapshots[i] for i in unit]
-            # encode_and_reconstruct: the reconstruction is the receiver's decoding.
-            if len(unit) == 1:
-                payload, sent = codec.encode_and_reconstruct(deltas[0])
-                sent = [sent]
-            else:
-                payload, sent = codec.encode_and_reconstruct_batch(deltas)
-            payloads.append(payload)
-            for i, reconstruction in zip(unit, sent):
-                sents[i] = reconstruction
+        # The reconstructions are the receiver's decodings.
+        payloads, sent_by_unit = zip(*(
+            self.codecs[unit[0]].encode_and_reconstruct_group(
+                [values[i] - snapshots[i] for i in unit])
+            for unit in self._units))
+        payloads, sents = list(payloads), spread(self._units, sent_by_unit)
         snapshots_after = [tf.reshape(tf.where(synced, snapshot + sent, value), [-1])
                            for value, snapshot, sent in zip(values, snapshots, sents)]
         full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8),

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
-from tfgc.wire.message import Layout, payload_units, split_bytes
+from tfgc.wire.message import Layout, payload_units, shares_by_position, spread
 
 
 class Wire(abc.ABC):
@@ -65,22 +65,15 @@ class _FusedWire(Wire):
                     else self.sender.wire_batch_payload([pairs[i] for i in unit])
                     for unit in units]
         layout, message = Layout.pack(payloads)
-        nbytes = [None] * len(pairs)
-        for unit, total in zip(units, layout.payload_nbytes(payloads)):
-            sizes = [pairs[i][1].shape.num_elements() for i in unit]
-            for i, share in zip(unit, split_bytes(total, sizes)):
-                nbytes[i] = share
-        decoded = [None] * len(pairs)
+        nbytes = shares_by_position(units, layout.payload_nbytes(payloads),
+                                    [v.shape.num_elements() for _, v in pairs])
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
             unpacked = layout.unpack(message, name=f"fused message for {destination or 'here'}")
-            for unit, payload in zip(units, unpacked):
-                variables = [pairs[i][1] for i in unit]
-                codec = self.sender.wire_codec(variables[0])
-                values = ([codec.decode(payload)] if len(unit) == 1
-                          else codec.decode_batch(payload, [v.shape for v in variables]))
-                for i, value in zip(unit, values):
-                    decoded[i] = value
+            decoded = spread(units, [
+                self.sender.wire_codec(pairs[unit[0]][1]).decode_group(
+                    payload, [pairs[i][1].shape for i in unit])
+                for unit, payload in zip(units, unpacked)])
         return decoded, nbytes
 
     def _units(self, pairs):
