@@ -70,6 +70,114 @@ def zero_run_decode(encoded):
     return np.array(out, dtype=np.uint8)
 
 
+# Quartic entropy coding (tfgc_ops/cc/quartic_rans.h): rANS under a per-group model in
+# which every 3-value is nonzero with probability q / 65536, with a random sign.
+PROB_BITS = 16
+PROB_SCALE = 1 << PROB_BITS
+RANS_LOW = 1 << 23
+CLASS_SIZES = (1, 10, 40, 80, 80, 32)  # bytes with k = 0..5 nonzero 3-values
+
+
+def nonzero_count(byte):
+    """How many of a quartic byte's five 3-values are nonzero (base-3 digits != 1)."""
+    return sum((int(byte) // power) % 3 != 1 for power in (81, 27, 9, 3, 1))
+
+
+def _rank_in_class():
+    ranks, seen = {}, [0] * 6
+    for byte in range(MAX_LITERAL + 1):
+        k = nonzero_count(byte)
+        ranks[byte], seen[k] = seen[k], seen[k] + 1
+    return ranks
+
+
+_RANK = _rank_in_class()
+_BY_CLASS = sorted(range(MAX_LITERAL + 1), key=lambda b: (nonzero_count(b), b))
+
+
+def quartic_model(q):
+    """(frequency of each class's bytes, cumulative start of each class) for q in 1..65535."""
+    a = PROB_SCALE - q
+    freq = [0] * 6
+    for k in range(1, 6):
+        shift = 64 + k
+        freq[k] = max(1, (a ** (5 - k) * q ** k + (1 << (shift - 1))) >> shift)
+    zero = PROB_SCALE - sum(n * f for n, f in zip(CLASS_SIZES[1:], freq[1:]))
+    while zero < 1:
+        widest = max((k for k in range(1, 6) if freq[k] > 1),
+                     key=lambda k: (CLASS_SIZES[k] * freq[k], -k))
+        cut = min(freq[widest] - 1, -(-(1 - zero) // CLASS_SIZES[widest]))
+        freq[widest] -= cut
+        zero += cut * CLASS_SIZES[widest]
+    freq[0] = zero
+    starts = [sum(n * f for n, f in zip(CLASS_SIZES[:k], freq[:k])) for k in range(6)]
+    return freq, starts
+
+
+def quartic_q(group):
+    """The q sent for a group: its share of nonzero 3-values in 1/65536, 0 if none."""
+    nonzero = sum(nonzero_count(b) for b in group)
+    if nonzero == 0:
+        return 0
+    values = 5 * len(group)
+    return min(max((2 * nonzero * PROB_SCALE + values) // (2 * values), 1), PROB_SCALE - 1)
+
+
+def quartic_entropy_encode(quartic, groups):
+    """rANS coding of quartic bytes, group by group (the format of quartic_rans.h)."""
+    data = [int(b) for b in np.asarray(quartic, np.uint8).reshape(-1)]
+    if any(b > MAX_LITERAL for b in data) or sum(groups) != len(data):
+        raise ValueError("bytes must be in 0..242 and the groups must cover them exactly")
+    bounds = np.cumsum([0] + list(groups))
+    qs = [quartic_q(data[bounds[g]:bounds[g + 1]]) for g in range(len(groups))]
+    stream, x = [], RANS_LOW  # bytes in the order they are written, i.e. reversed
+    for g in reversed(range(len(groups))):
+        if qs[g] == 0:
+            continue
+        freq, starts = quartic_model(qs[g])
+        for byte in reversed(data[bounds[g]:bounds[g + 1]]):
+            k = nonzero_count(byte)
+            f, start = freq[k], starts[k] + _RANK[byte] * freq[k]
+            while x >= ((RANS_LOW >> PROB_BITS) << 8) * f:
+                stream.append(x & 0xFF)
+                x >>= 8
+            x = (x // f << PROB_BITS) + x % f + start
+    header = [byte for q in qs for byte in (q & 0xFF, q >> 8)]
+    state = [(x >> shift) & 0xFF for shift in (0, 8, 16, 24)]
+    return np.array(header + state + stream[::-1], np.uint8)
+
+
+def quartic_entropy_decode(encoded, groups):
+    """Inverse of `quartic_entropy_encode`; raises ValueError on a malformed encoding."""
+    data = [int(b) for b in np.asarray(encoded, np.uint8).reshape(-1)]
+    at = 2 * len(groups) + 4
+    if len(data) < at:
+        raise ValueError("shorter than the header and state")
+    x = sum(data[at - 4 + i] << (8 * i) for i in range(4))
+    if not RANS_LOW <= x < 1 << 31:
+        raise ValueError("initial state out of range")
+    out = []
+    for g, size in enumerate(groups):
+        q = data[2 * g] | data[2 * g + 1] << 8
+        if q == 0:
+            out.extend([ZERO_GROUP] * size)
+            continue
+        freq, starts = quartic_model(q)
+        for _ in range(size):
+            slot = x % PROB_SCALE
+            k = max(k for k in range(6) if starts[k] <= slot)
+            rank = (slot - starts[k]) // freq[k]
+            out.append(_BY_CLASS[sum(CLASS_SIZES[:k]) + rank])
+            x = freq[k] * (x >> PROB_BITS) + slot - starts[k] - rank * freq[k]
+            while x < RANS_LOW:
+                if at == len(data):
+                    raise ValueError("the stream ends before its symbols do")
+                x, at = x << 8 | data[at], at + 1
+    if at != len(data) or x != RANS_LOW:
+        raise ValueError("bytes left over, or a final state that is not the initial one")
+    return np.array(out, np.uint8)
+
+
 def code_lengths(max_bits, flag_bits):
     """Code length of each of the 2^l flag classes: ceil((c + 1) * M / 2^l)."""
     classes = 1 << flag_bits
