@@ -14,8 +14,9 @@ A malformed fused message sent to the parameter server fails there with
 InvalidArgument, and the server goes on serving.
 
 With compressed pulls (`compressed_pulls()`: every weight pulled in one message per
-step), both directions carry their counted payload plus a fixed cost per step, and the
-pushes one remote resource handle per variable (see the last test).
+step) and ThreeLC's entropy coder both ways, both directions carry their counted payload
+plus a fixed cost per step, and the pushes one remote resource handle per variable (see
+the last test).
 """
 
 import pytest
@@ -38,7 +39,7 @@ COORDINATOR = cluster_scripts.script(
     report = {}
     with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=400) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
-        pulls = mode == "threelc+pull"
+        pulls = mode.endswith("+pull")
         with strategy.scope(), (tfgc.compressed_pulls() if pulls else contextlib.nullcontext()):
             tf_keras.utils.set_random_seed(0)
             layers = [tf_keras.layers.Conv2D(16, 3, padding="same", activation="relu")
@@ -49,9 +50,9 @@ COORDINATOR = cluster_scripts.script(
         with strategy.scope():
             opt = tf_keras.optimizers.SGD(0.01)
             if mode != "fp32":
+                codec = tfgc.codecs.ThreeLC(1.0, coder="entropy" if pulls else "zre")
                 opt = tfgc.DistributedOptimizer(
-                    opt, compression=tfgc.codecs.ThreeLC(1.0),
-                    pull_compression=tfgc.codecs.ThreeLC(1.0) if pulls else None)
+                    opt, compression=codec, pull_compression=codec if pulls else None)
                 opt.build(model.trainable_variables)
             model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         report["variables"] = len(model.trainable_variables)
@@ -136,7 +137,7 @@ def test_compressed_pulls_cost_one_message_per_step(run_report):
     # message per step, so what crosses per variable is gone but for one thing: the
     # server's part of each step is a function call that carries a remote handle for
     # every resource it touches, each variable's master among them (~0.1-0.2 KB).
-    report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "threelc+pull"])
+    report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"])
     push, pull = report["sent"] / STEPS, report["received"] / STEPS
     push_payload, pull_payload = report["payload"] / STEPS, report["pull_payload"] / STEPS
     assert 0 < pull_payload < report["dense"] / 10, report

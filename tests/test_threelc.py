@@ -173,3 +173,31 @@ def test_batched_error_feedback_equals_one_tensor_at_a_time(rng):
             np.testing.assert_array_equal(out.numpy(), memory.feedback_step(codec, x, residual)[1].numpy())
     for a, b in zip(together, alone):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("sparsity", [1.0, 1.75])
+def test_entropy_coder_decodes_what_zero_run_does_in_fewer_bytes(rng, sparsity):
+    zre, entropy = tfgc.codecs.ThreeLC(sparsity), tfgc.codecs.ThreeLC(sparsity, coder="entropy")
+    shapes = [(3, 3, 16, 16), (7,), (10, 640), (1,), (0,)]
+    xs = [tf.constant(rng.standard_t(3, size=s).astype(np.float32)) for s in shapes]
+    for x in xs:
+        np.testing.assert_array_equal(entropy.decode(entropy.encode(x)).numpy(),
+                                      zre.decode(zre.encode(x)).numpy())
+    payload, sent = entropy.encode_and_reconstruct_batch(xs)
+    for x, reconstruction, out in zip(xs, sent, entropy.decode_batch(payload, shapes)):
+        expected = zre.decode(zre.encode(x)).numpy()
+        np.testing.assert_array_equal(out.numpy(), expected)
+        np.testing.assert_array_equal(reconstruction.numpy(), expected)
+    zre_bytes = int(tfgc.codecs.payload_nbytes(zre.encode_batch(xs)))
+    assert int(tfgc.codecs.payload_nbytes(payload)) < zre_bytes
+
+
+def test_entropy_coder_config_and_errors():
+    codec = tfgc.codecs.ThreeLC(1.75, coder="entropy")
+    again = tfgc.codecs.deserialize(tfgc.codecs.serialize(codec))
+    assert again.coder == "entropy" and repr(again) == "ThreeLC(sparsity=1.75, coder='entropy')"
+    with pytest.raises(ValueError, match="coder must be one of"):
+        tfgc.codecs.ThreeLC(1.0, coder="huffman")
+    payload = codec.encode_batch([tf.ones([10]), tf.ones([5])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="quartic_entropy_decode"):
+        codec.decode_batch(payload, [(10,), (6,)])  # one more group than was sent

@@ -141,7 +141,12 @@ def zero_run_decode(encoded):
 
 
 def _group_sizes(groups):
-    groups = tf.convert_to_tensor(groups)
+    """Group sizes as a 1-D int64 tensor; an empty list is no groups."""
+    if not isinstance(groups, (tf.Tensor, tf.Variable)):
+        array = np.asarray(groups)
+        if array.size == 0:
+            array = array.astype(np.int64)
+        groups = tf.convert_to_tensor(array)
     if not groups.dtype.is_integer:
         raise ValueError(f"groups must be integer sizes, got {groups.dtype.name}")
     return tf.reshape(tf.cast(groups, tf.int64), [-1])
