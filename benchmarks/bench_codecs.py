@@ -56,6 +56,7 @@ def codecs_to_measure():
         ("StochasticTernary", C.StochasticTernary(seed=1)),
         ("ThreeLC(1.0)", C.ThreeLC(1.0)),
         ("ThreeLC(1.75)", C.ThreeLC(1.75)),
+        ("ThreeLC(1.0) rANS", C.ThreeLC(1.0, coder="entropy")),
         ("Sparsify(0.05)", C.Sparsify(0.05)),
         ("TopK(0.01)", C.TopK(0.01)),
         ("FastSGD", C.FastSGD()),

@@ -51,6 +51,8 @@ def demo_codecs():
         "3LC s=1.50": codecs.ThreeLC(1.5),
         "3LC s=1.75": codecs.ThreeLC(1.75),
         "3LC s=1.90": codecs.ThreeLC(1.9),
+        "3LC s=1.00 rANS": codecs.ThreeLC(1.0, coder="entropy"),
+        "3LC s=1.75 rANS": codecs.ThreeLC(1.75, coder="entropy"),
     }
 
 
