@@ -14,7 +14,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
+__all__ = ["largest_magnitude", "quartic_fold", "quartic_unfold", "zero_run_encode",
+           "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits",
            "pack_bits", "unpack_bits", "library_path"]
 
@@ -106,6 +107,39 @@ def check_flag_bits(flag_bits, what="flag_bits"):
     if not integral or not MIN_FLAG_BITS <= int(flag_bits) <= MAX_FLAG_BITS:
         raise ValueError(f"{what} must be an integer in [1, 5], got {flag_bits!r}")
     return int(flag_bits)
+
+
+def largest_magnitude(x):
+    """max|x| of a 1-D float32 tensor in one pass; NaN if a value is not finite, 0 if empty."""
+    return _ops.tfgc_largest_magnitude(tf.convert_to_tensor(x, tf.float32))
+
+
+def quartic_fold(x, scale):
+    """3LC's quantization and quartic folding (sections 3.1-3.2) in one pass.
+
+    Args:
+      x: 1-D float32 tensor of n values.
+      scale: float32 scalar M; q = round-half-even(x / M) clamped to [-1, 1], and every q
+        is 0 when M is not > 0 (zero or NaN).
+
+    Returns:
+      1-D uint8 tensor of ceil(n / 5) bytes, byte i = sum over k of
+      (q[k g + i] + 1) * 3^(4 - k) with g the byte count and the pad's q = 0
+      (`reference.quartic_encode`).
+    """
+    return _ops.tfgc_quartic_fold(tf.convert_to_tensor(x, tf.float32),
+                                  tf.convert_to_tensor(scale, tf.float32))
+
+
+def quartic_unfold(quartic, n, scale):
+    """Inverse of `quartic_fold`: the n float32 values q * scale.
+
+    Raises:
+      tf.errors.InvalidArgumentError: `quartic` does not have exactly ceil(n / 5) bytes
+        (checked before anything is allocated), or a byte is above 242.
+    """
+    return _ops.tfgc_quartic_unfold(_as_bytes(quartic, "quartic_unfold"), tf.cast(n, tf.int64),
+                                    tf.convert_to_tensor(scale, tf.float32))
 
 
 def zero_run_encode(quartic):

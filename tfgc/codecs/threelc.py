@@ -5,11 +5,11 @@ quartic encoding and zero-run encoding.
     five 3-values per byte: a = 81 p0 + 27 p1 + 9 p2 + 3 p3 + p4   (section 3.2)
     runs of byte 121 (five zeros) -> one byte 243..255   (section 3.3, C++ op)
 
-Quantization and quartic folding are XLA-compiled into one pass; zero-run encoding is the
-C++ op, which XLA cannot call, so it runs in the surrounding graph. `coder="entropy"`
-replaces zero-run encoding by rANS coding of the same quartic bytes (another C++ op):
-the decoded values are the same, the bytes 1.9x (s = 1) to 3.5x (s = 1.75) fewer on
-ResNet-20's gradients under error feedback.
+Quantization and quartic folding run in one pass of a C++ op (`tfgc_ops.quartic_fold`,
+after `largest_magnitude`), and so do unfolding and scaling (`quartic_unfold`); the
+zero-run coder is a third. `coder="entropy"` replaces zero-run encoding by rANS coding
+of the same quartic bytes (another C++ op): the decoded values are the same, the bytes
+1.9x (s = 1) to 3.5x (s = 1.75) fewer on ResNet-20's gradients under error feedback.
 """
 import numpy as np
 import tensorflow as tf
@@ -18,40 +18,23 @@ import tfgc_ops
 from tfgc.codecs import base, quartic
 
 
-def _scale(flat, sparsity):
-    """M = max|x| * s, NaN when x holds a non-finite value, 0 for an empty tensor."""
-    # max(max x, -min x) reads x once without an |x| temporary; the outer abs keeps +0
-    # for a tensor of -0s. XLA's max skips NaN, hence the separate finiteness check.
-    largest = tf.abs(tf.maximum(tf.reduce_max(flat), -tf.reduce_min(flat)))
-    largest = tf.where(tf.size(flat) > 0, largest, 0.0)
-    return base.nan_unless(base.all_finite(flat), largest * sparsity)
-
-
-def _quantize(flat, scale):
-    """round(x / M) in {-1, 0, 1}; all zeros when M is 0 or NaN."""
-    usable = scale > 0  # False for NaN too
-    return tf.where(usable, tf.round(flat / tf.where(usable, scale, 1.0)), 0.0)
-
-
 def _quantize_and_fold(x, sparsity):
-    """Returns (quartic bytes, scale M in x's dtype)."""
+    """Returns (quartic bytes, scale M in x's dtype).
+
+    M = max|x| * s, NaN when x holds a non-finite value (every 3-value is then 0 and the
+    decoding NaN), 0 for an empty tensor.
+    """
     flat = tf.reshape(tf.cast(x, tf.float32), [-1])
     # Quantize with M as the receiver will read it (x's dtype), so that the sender's
-    # reconstruction (`_dequantized`) equals the decoding exactly.
-    scale = base.round_to(_scale(flat, sparsity), x.dtype)
-    return quartic.fold(_quantize(flat, scale)), tf.cast(scale, x.dtype)
-
-
-def _dequantized(x, scale):
-    """M * round(x / M): what the receiver decodes, computed without decoding."""
-    scale = tf.cast(scale, tf.float32)
-    values = _quantize(tf.cast(x, tf.float32), scale) * scale
-    return tf.cast(values, x.dtype)
+    # reconstruction equals the decoding exactly.
+    scale = base.round_to(tfgc_ops.largest_magnitude(flat) * sparsity, x.dtype)
+    return tfgc_ops.quartic_fold(flat, scale), tf.cast(scale, x.dtype)
 
 
 def _unfold_and_scale(data, scale, shape):
-    """Inverse of the folding: the first prod(shape) 3-values times the scale."""
-    values = quartic.unfold(data, tf.reduce_prod(shape)) * tf.cast(scale, tf.float32)
+    """Inverse of the folding: the prod(shape) 3-values times the scale, in its dtype."""
+    n = tf.reduce_prod(tf.cast(shape, tf.int64))
+    values = tfgc_ops.quartic_unfold(data, n, tf.cast(scale, tf.float32))
     return tf.cast(tf.reshape(values, shape), scale.dtype)
 
 
@@ -72,8 +55,8 @@ class ThreeLC(base.Codec):
     1/70 byte per value (280x).
 
     Batched (`encode_batch`): every tensor keeps its own M and is quantized and folded
-    by the same compiled pass, their quartic bytes concatenated and zero-run encoded
-    once: {"data": uint8, "scales": one M per tensor}.
+    on its own, their quartic bytes concatenated and zero-run (or entropy) coded once:
+    {"data": uint8, "scales": one M per tensor}.
     """
 
     batched = True
@@ -88,13 +71,8 @@ class ThreeLC(base.Codec):
             raise ValueError(f"ThreeLC coder must be one of {self.CODERS}, got {coder!r}")
         self.sparsity = sparsity
         self.coder = coder
-        # XLA-compiled passes, one set per codec: a concrete function cached by an
-        # earlier cluster connection in the same process is not sent to a new
-        # cluster's workers ("Failed to find function"), so each run's codec traces
-        # its own.
-        self._quantize_and_fold = tf.function(_quantize_and_fold, jit_compile=True)
-        self._dequantized = tf.function(_dequantized, jit_compile=True)
-        self._unfold_and_scale = tf.function(_unfold_and_scale, jit_compile=True)
+        self._quantize_and_fold = _quantize_and_fold
+        self._unfold_and_scale = _unfold_and_scale
 
     def get_config(self):
         # The default coder is left out, so configs and names from before it existed
@@ -117,17 +95,23 @@ class ThreeLC(base.Codec):
         return base.check_size(tfgc_ops.zero_run_decode(data), tf.reduce_sum(groups), self.name)
 
     def encode(self, x):
+        return self._encode_folded(x)[0]
+
+    def encode_and_reconstruct(self, x):
+        payload, folded = self._encode_folded(x)
+        # The folded bytes unfolded: what the receiver decodes, exactly, by construction.
+        return payload, self._unfold_and_scale(folded, payload["scale"], tf.shape(x))
+
+    def _encode_folded(self, x):
+        """(payload, the quartic bytes before zero-run or entropy coding)."""
         x = base.check_floating(x, self.name)
-        folded, scale = self._quantize_and_fold(x, tf.constant(self.sparsity))
-        return {
+        folded, scale = self._quantize_and_fold(x, self.sparsity)
+        payload = {
             "data": self._compress(folded, tf.size(folded, tf.int64)[None]),
             "scale": scale,
             "shape": base.shape_of(x),
         }
-
-    def encode_and_reconstruct(self, x):
-        payload = self.encode(x)
-        return payload, self._dequantized(x, payload["scale"])
+        return payload, folded
 
     def decode(self, payload):
         shape = payload["shape"]
@@ -139,15 +123,14 @@ class ThreeLC(base.Codec):
     def encode_and_reconstruct_batch(self, tensors):
         tensors = [base.check_floating(x, self.name) for x in tensors]
         base.check_one_dtype(tensors, self.name)
-        # One compiled pass per tensor (XLA caches it per shape, and a model repeats a
-        # few shapes; one function over all tensors compiled 2x slower on ResNet-20),
-        # then ONE zero-run (or entropy) encode for all.
-        folded, scales = zip(*(self._quantize_and_fold(x, tf.constant(self.sparsity))
-                               for x in tensors))
+        # One fold per tensor (each keeps its own M), then ONE zero-run (or entropy)
+        # encode for all.
+        folded, scales = zip(*(self._quantize_and_fold(x, self.sparsity) for x in tensors))
         groups = [quartic.groups_for(x.shape.num_elements()) for x in tensors]
         payload = {"data": self._compress(tf.concat(folded, axis=0), groups),
                    "scales": tf.stack(scales)}
-        return payload, [self._dequantized(x, scale) for x, scale in zip(tensors, scales)]
+        return payload, [self._unfold_and_scale(part, scale, tf.shape(x))
+                         for part, scale, x in zip(folded, scales, tensors)]
 
     def decode_batch(self, payload, shapes):
         shapes = [tuple(int(d) for d in shape) for shape in shapes]
