@@ -1,6 +1,6 @@
-"""tfgc's C++ TensorFlow ops: zero-run encoding (3LC) and entropy coding of the same quartic
-bytes, key bit-packing (FastSGD) and the packing of small codes into bytes (the quantizers'
-payloads).
+"""tfgc's C++ TensorFlow ops: 3LC's quantize-and-fold and unfold, zero-run encoding and
+entropy coding of the quartic bytes, key bit-packing (FastSGD) and the packing of small
+codes into bytes (the quantizers' payloads).
 
 The op library is compiled at install time against the installed TensorFlow. A library
 built for another TensorFlow minor version cannot load (TensorFlow's C++ ABI changes
@@ -15,9 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["largest_magnitude", "quartic_fold", "quartic_unfold", "zero_run_encode",
-           "zero_run_decode", "quartic_entropy_encode",
-           "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits",
-           "pack_bits", "unpack_bits", "library_path"]
+           "zero_run_decode", "quartic_entropy_encode", "quartic_entropy_decode", "pack_keys",
+           "unpack_keys", "check_flag_bits", "pack_bits", "unpack_bits", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
