@@ -76,6 +76,36 @@ def backup_dir(out):
     return os.path.join(out, "backup")
 
 
+def backup_callbacks(out):
+    """(first, last): tf_keras `BackupAndRestore` for `backup_dir(out)`, split in two.
+
+    Put `first` before every other callback and `last` after them: the backup is
+    restored before any callback starts training (the recorder reads the restored
+    step), and an epoch is saved only after every callback has ended it (the recorder
+    has written the epoch's history row). Saved first, a backup could cover an epoch
+    whose row was lost with the parameter server that died in between.
+    """
+    import tf_keras
+
+    class RestoreFirst(tf_keras.callbacks.BackupAndRestore):
+        def on_epoch_end(self, epoch, logs=None):
+            pass  # `last` saves
+
+        def save(self, epoch, logs):
+            super().on_epoch_end(epoch, logs)
+
+    class SaveLast(tf_keras.callbacks.Callback):
+        def __init__(self, backup):
+            super().__init__()
+            self.backup = backup
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.backup.save(epoch, logs)
+
+    first = RestoreFirst(backup_dir(out))
+    return first, SaveLast(first)
+
+
 def rows_path(out):
     """Where attempts keep the history rows written so far."""
     return os.path.join(out, "history-attempts.jsonl")

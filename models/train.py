@@ -305,9 +305,10 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     _log(f"training {args.model} ({summary['parameters']:,d} parameters) with "
          f"{args.compression} under {args.strategy} for {summary['steps']} steps")
     if args._attempt:
-        # Saved every Keras epoch; a later attempt resumes from it (models.supervise).
-        # First in the list: it restores the counters the recorder starts from.
-        callbacks.insert(0, tf_keras.callbacks.BackupAndRestore(supervise.backup_dir(out)))
+        # Saved every Keras epoch, after the recorder's row; a later attempt resumes
+        # from it (models.supervise), restored before the recorder starts.
+        restore, save = supervise.backup_callbacks(out)
+        callbacks = [restore, *callbacks, save]
     started = time.monotonic()
     try:
         model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
