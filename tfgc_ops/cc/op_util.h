@@ -7,6 +7,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "zero_run.h"
 
 namespace tensorflow {
 namespace tfgc_ops {
@@ -17,6 +18,24 @@ inline absl::Status VectorInOut(shape_inference::InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &input));
   c->set_output(0, c->Vector(c->UnknownDim()));
   return absl::OkStatus();
+}
+
+// OK if `t` is 1-D, else InvalidArgument naming the op.
+inline absl::Status CheckVector(const Tensor& t, const char* op) {
+  if (!TensorShapeUtils::IsVector(t.shape())) {
+    return errors::InvalidArgument(op, " expects a 1-D tensor, got shape ",
+                                   t.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+// OK if every byte of in[0, n) is a quartic byte (0..242), else InvalidArgument naming
+// the op and the first byte that is not.
+inline absl::Status CheckQuartic(const uint8_t* in, int64_t n, const char* op) {
+  const int64_t invalid = ::tfgc::zero_run::FindInvalidByte(in, n);
+  if (invalid < 0) return absl::OkStatus();
+  return errors::InvalidArgument(op, ": byte ", invalid, " is ", static_cast<int>(in[invalid]),
+                                 "; quartic-encoded bytes must be in 0..242");
 }
 
 // Runs work(b) for b in [0, num_blocks) on the op's CPU worker threads.

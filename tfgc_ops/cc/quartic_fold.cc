@@ -114,12 +114,5 @@ void Unfold(const uint8_t* in, int64_t n, float scale, int64_t begin, int64_t en
   }
 }
 
-int64_t FindInvalidByte(const uint8_t* in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (in[i] > kMaxQuartic) return i;
-  }
-  return -1;
-}
-
 }  // namespace quartic_fold
 }  // namespace tfgc

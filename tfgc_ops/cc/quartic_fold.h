@@ -28,9 +28,6 @@ void Fold(const float* x, int64_t n, float scale, int64_t begin, int64_t end, ui
 // written to their places in out[0, n).
 void Unfold(const uint8_t* in, int64_t n, float scale, int64_t begin, int64_t end, float* out);
 
-// Index of the first byte > 242 in in[0, n), or -1.
-int64_t FindInvalidByte(const uint8_t* in, int64_t n);
-
 }  // namespace quartic_fold
 }  // namespace tfgc
 

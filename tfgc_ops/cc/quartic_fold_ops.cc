@@ -33,14 +33,6 @@ absl::Status CheckScalar(const Tensor& t, const char* op, const char* what) {
   return absl::OkStatus();
 }
 
-absl::Status CheckVector(const Tensor& t, const char* op) {
-  if (!TensorShapeUtils::IsVector(t.shape())) {
-    return errors::InvalidArgument(op, " expects a 1-D tensor, got shape ",
-                                   t.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 REGISTER_OP("Tfgc>LargestMagnitude")
@@ -134,11 +126,7 @@ class QuarticUnfoldOp : public OpKernel {
                 errors::InvalidArgument("quartic_unfold: ", groups, " bytes do not hold ", n,
                                         " values (that takes ceil(n / 5) bytes)"));
     const uint8_t* in = quartic.flat<uint8>().data();
-    const int64_t invalid = qf::FindInvalidByte(in, groups);
-    OP_REQUIRES(ctx, invalid < 0,
-                errors::InvalidArgument("quartic_unfold: byte ", invalid, " is ",
-                                        static_cast<int>(in[invalid < 0 ? 0 : invalid]),
-                                        "; quartic-encoded bytes must be in 0..242"));
+    OP_REQUIRES_OK(ctx, CheckQuartic(in, groups, "quartic_unfold"));
     const float scale = ctx->input(2).scalar<float>()();
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &output));

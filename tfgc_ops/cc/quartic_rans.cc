@@ -8,7 +8,6 @@ namespace quartic_rans {
 namespace {
 
 constexpr uint8_t kZeroGroup = 121;   // five zero 3-values: the only byte of class 0
-constexpr uint8_t kMaxLiteral = 242;  // largest quartic byte
 constexpr int kSymbols = 243;
 constexpr uint32_t kLowerBound = 1u << 23;  // the state stays in [2^23, 2^31)
 constexpr uint32_t kUpperBound = 1u << 31;
@@ -98,13 +97,6 @@ uint32_t QFor(const uint8_t* quartic, int64_t n) {
   const u128 values = u128(5) * static_cast<uint64_t>(n);
   const u128 q = (u128(nonzero) * kProbScale * 2 + values) / (2 * values);  // rounded
   return static_cast<uint32_t>(std::clamp<u128>(q, 1, kProbScale - 1));
-}
-
-int64_t FindInvalidByte(const uint8_t* in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (in[i] > kMaxLiteral) return i;
-  }
-  return -1;
 }
 
 int64_t MaxEncodedSize(int64_t n, int64_t groups) {

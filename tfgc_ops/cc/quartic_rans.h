@@ -52,9 +52,6 @@ uint32_t QFor(const uint8_t* quartic, int64_t n);
 // Number of nonzero 3-values in quartic byte b (0..242).
 int NonzeroCount(uint8_t b);
 
-// Index of the first byte > 242 in in[0, n), or -1 if there is none.
-int64_t FindInvalidByte(const uint8_t* in, int64_t n);
-
 // Largest encoding of n bytes in `groups` groups.
 int64_t MaxEncodedSize(int64_t n, int64_t groups);
 

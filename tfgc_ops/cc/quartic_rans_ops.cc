@@ -67,9 +67,7 @@ class QuarticEntropyEncodeOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& input = ctx->input(0);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(input.shape()),
-                errors::InvalidArgument("quartic_entropy_encode expects a 1-D uint8 tensor, got "
-                                        "shape ", input.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(input, "quartic_entropy_encode"));
     std::vector<int64_t> groups;
     int64_t total = 0;
     OP_REQUIRES_OK(ctx, ReadGroups(ctx->input(1), "quartic_entropy_encode", &groups, &total));
@@ -78,11 +76,7 @@ class QuarticEntropyEncodeOp : public OpKernel {
                 errors::InvalidArgument("quartic_entropy_encode: groups sum to ", total,
                                         " bytes but the input has ", n));
     const uint8_t* in = input.flat<uint8>().data();
-    const int64_t invalid = qr::FindInvalidByte(in, n);
-    OP_REQUIRES(ctx, invalid < 0,
-                errors::InvalidArgument("quartic_entropy_encode: byte ", invalid, " is ",
-                                        static_cast<int>(in[invalid < 0 ? 0 : invalid]),
-                                        "; quartic-encoded bytes must be in 0..242"));
+    OP_REQUIRES_OK(ctx, CheckQuartic(in, n, "quartic_entropy_encode"));
     std::vector<uint8_t> scratch(qr::MaxEncodedSize(n, groups.size()));
     const int64_t size = qr::Encode(in, groups.data(), groups.size(), scratch.data());
     Tensor* output = nullptr;
@@ -97,9 +91,7 @@ class QuarticEntropyDecodeOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& input = ctx->input(0);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(input.shape()),
-                errors::InvalidArgument("quartic_entropy_decode expects a 1-D uint8 tensor, got "
-                                        "shape ", input.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(input, "quartic_entropy_decode"));
     std::vector<int64_t> groups;
     int64_t total = 0;
     OP_REQUIRES_OK(ctx, ReadGroups(ctx->input(1), "quartic_entropy_decode", &groups, &total));
