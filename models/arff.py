@@ -191,26 +191,35 @@ def hash_token(token, dim):
     return zlib.crc32(token.encode("utf-8")) % dim
 
 
-def featurize(texts, dim, features="tfidf"):
-    """Hashes documents into sparse rows: a list of (sorted int64 indices, float32 values).
-
-    tfidf: (1 + log tf) * (log((1 + N) / (1 + df)) + 1), L2-normalized per document;
-    binary: 1.0 for every present feature. Words hashing to one index are merged (their
-    counts add up).
-    """
-    if features not in ("tfidf", "binary"):
-        raise ValueError(f"features must be 'tfidf' or 'binary', got {features!r}")
+def _count_words(texts, dim):
+    """Per document, {feature index: word count}."""
     counted = []
-    df = {}
     for text in texts:
         counts = {}
         for token in tokenize(text):
             index = hash_token(token, dim)
             counts[index] = counts.get(index, 0) + 1
         counted.append(counts)
+    return counted
+
+
+def featurize(texts, dim, features="tfidf", idf_texts=None):
+    """Hashes documents into sparse rows: a list of (sorted int64 indices, float32 values).
+
+    tfidf: (1 + log tf) * (log((1 + N) / (1 + df)) + 1), L2-normalized per document;
+    binary: 1.0 for every present feature. Words hashing to one index are merged (their
+    counts add up). N and df come from `idf_texts` when given (a training set's, so
+    that its test set is weighted the same way), else from `texts`.
+    """
+    if features not in ("tfidf", "binary"):
+        raise ValueError(f"features must be 'tfidf' or 'binary', got {features!r}")
+    counted = _count_words(texts, dim)
+    reference = counted if idf_texts is None else _count_words(idf_texts, dim)
+    df = {}
+    for counts in reference:
         for index in counts:
             df[index] = df.get(index, 0) + 1
-    n = len(texts)
+    n = len(reference)
     rows = []
     for counts in counted:
         indices = np.array(sorted(counts), np.int64)
@@ -218,7 +227,7 @@ def featurize(texts, dim, features="tfidf"):
             values = np.ones(indices.size, np.float32)
         else:
             tf_ = 1.0 + np.log(np.array([counts[i] for i in indices], np.float64))
-            idf = np.log((1.0 + n) / (1.0 + np.array([df[i] for i in indices], np.float64))) + 1
+            idf = np.log((1.0 + n) / (1.0 + np.array([df.get(i, 0) for i in indices], np.float64))) + 1
             values = tf_ * idf
             norm = np.linalg.norm(values)
             values = (values / norm if norm > 0 else values).astype(np.float32)

@@ -19,8 +19,8 @@ functions named so (`synthetic_sparse`).
 
 Sparse data (`SparseData`, a CSR matrix + labels): `load_libsvm` reads the libsvm /
 svmlight format of KDD10/KDD12/URL/WebSpam; `reuters_hashed` hashes the real Reuters
-documents that Debian's ``weka`` package ships; `synthetic_sparse` generates data of any
-size for scaling runs.
+documents that Debian's ``weka`` package ships; `load_sparse` gives a named dataset's
+train and test sets; `synthetic_sparse` generates data of any size for scaling runs.
 """
 import dataclasses
 import glob
@@ -404,7 +404,8 @@ def reuters_arff_path(name="ReutersCorn-train", root=None):
     return path
 
 
-def reuters_hashed(name="ReutersCorn-train", dim=2**20, features="tfidf", path=None):
+def reuters_hashed(name="ReutersCorn-train", dim=2**20, features="tfidf", path=None,
+                   idf_path=None):
     """Real hashed text: a Reuters-21578 ARFF file as sparse feature-hashed rows.
 
     Words are hashed (crc32 modulo `dim`) with tf-idf or binary values exactly as
@@ -415,6 +416,8 @@ def reuters_hashed(name="ReutersCorn-train", dim=2**20, features="tfidf", path=N
       dim: number of hashed features.
       features: "tfidf" or "binary".
       path: an ARFF file to read instead of the weka one.
+      idf_path: an ARFF file whose documents give the idf weights (a training set's,
+        for its test set); default: the file itself.
     """
     import scipy.sparse
 
@@ -422,12 +425,45 @@ def reuters_hashed(name="ReutersCorn-train", dim=2**20, features="tfidf", path=N
 
     path = path or reuters_arff_path(name)
     _, texts, labels, _ = arff.load_documents(path)
-    rows = arff.featurize(texts, dim, features)
+    idf_texts = arff.load_documents(idf_path)[1] if idf_path else None
+    rows = arff.featurize(texts, dim, features, idf_texts=idf_texts)
     indptr = np.cumsum([0] + [len(i) for i, _ in rows])
     indices = np.concatenate([i for i, _ in rows]) if rows else np.zeros(0, np.int64)
     values = np.concatenate([v for _, v in rows]) if rows else np.zeros(0, np.float32)
     x = scipy.sparse.csr_matrix((values.astype(np.float32), indices, indptr), shape=(len(rows), dim))
     return SparseData(x, (2.0 * labels - 1.0).astype(np.float32), os.path.basename(path))
+
+
+#: Sparse datasets `load_sparse` knows by name (plus "libsvm:PATH").
+SPARSE_DATASETS = ("reuters_corn", "reuters_grain")
+
+
+def load_sparse(name, dim=2**20, features="tfidf"):
+    """A sparse binary classification dataset as (train, test) `SparseData`.
+
+    Args:
+      name: "reuters_corn" / "reuters_grain": the Reuters-21578 ModApte documents of
+        Debian's weka package (1554 train / 604 test) labelled corn / grain or not,
+        hashed into `dim` features (idf from the training documents);
+        "libsvm:PATH": a libsvm / svmlight file, split 70% / 30% as FastSGD does.
+      dim: hashed feature count (Reuters only; a libsvm file has its own).
+      features: "tfidf" or "binary" (Reuters only).
+
+    Raises:
+      DataUnavailableError: the weka package cannot be fetched.
+      ValueError: unknown name.
+    """
+    if name.startswith("libsvm:"):
+        return load_libsvm(name[len("libsvm:"):]).split(0.7)
+    if name not in SPARSE_DATASETS:
+        raise ValueError(f"unknown sparse dataset {name!r}; known: "
+                         f"{', '.join(SPARSE_DATASETS)} or libsvm:PATH")
+    topic = name[len("reuters_"):].capitalize()
+    train_path = reuters_arff_path(f"Reuters{topic}-train")
+    train = reuters_hashed(dim=dim, features=features, path=train_path)
+    test = reuters_hashed(dim=dim, features=features, path=reuters_arff_path(f"Reuters{topic}-test"),
+                          idf_path=train_path)
+    return train, test
 
 
 def synthetic_sparse(num_examples=10000, num_features=2**20, nnz_per_example=50, seed=0,

@@ -13,6 +13,10 @@ batch, what FastSGD's key encoder compresses. To keep it sparse the L2 penalty i
 applied to those features' weights only ("lazy" regularization, the usual choice for
 sparse models; with lambda = 0.01 on all of w every gradient would be dense).
 
+`keras_model`, `keras_loss` and `sparse_dataset` are the same models for tf_keras
+`fit` (what `python -m models.train --model logistic` trains, on parameter servers
+too): a sparse `Input`, one `SparseLinear` layer.
+
 `fastsgd_mlp` is the MLP of section 4.4 (7x7 inputs, two hidden layers of 100, 5
 outputs).
 """
@@ -76,6 +80,95 @@ def to_sparse_tensor(csr):
     if len(np.unique(coo.row)) != csr.shape[0]:
         raise ValueError("every row needs at least one feature (drop empty rows first)")
     return tf.SparseTensor(indices, coo.data[order].astype(np.float32), csr.shape)
+
+
+class SparseLinear(tf_keras.layers.Layer):
+    """w.x + b for a sparse batch x [N, D], one margin per row; `SparseLinearModel`'s
+    model as a Keras layer.
+
+    The weights of the batch's distinct features are read with one `tf.gather`, so
+    w's gradient is a `tf.IndexedSlices` with one row per distinct feature. Under
+    ParameterServerStrategy the gather runs on the parameter server: the distinct
+    feature ids (int32 while D < 2^31) cross to it and only their rows come back.
+    The L2 penalty lambda/2 ||w_present||^2 on those rows is added with `add_loss`.
+
+    Args:
+      num_features: D.
+      l2: lambda (0: no penalty).
+    """
+
+    def __init__(self, num_features, l2=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_features = int(num_features)
+        self.l2 = float(l2)
+
+    def build(self, input_shape):
+        self.w = self.add_weight("w", [self.num_features], initializer="zeros")
+        self.b = self.add_weight("b", [], initializer="zeros")
+        super().build(input_shape)
+
+    def call(self, x):
+        id_type = tf.int32 if self.num_features < 2**31 else tf.int64
+        # Each distinct feature is read (and its gradient sent) once per batch.
+        present, position = tf.unique(tf.cast(x.indices[:, 1], id_type), out_idx=id_type)
+        weights = tf.gather(self.w, present)
+        terms = x.values * tf.gather(weights, position)
+        rows = tf.cast(x.dense_shape[0], tf.int32)
+        # Rows without features (an empty document) get the bias alone.
+        margin = tf.math.unsorted_segment_sum(terms, x.indices[:, 0], rows) + self.b
+        if self.l2:
+            self.add_loss(0.5 * self.l2 * tf.reduce_sum(tf.square(weights)))
+        return margin
+
+    def get_config(self):
+        return {**super().get_config(), "num_features": self.num_features, "l2": self.l2}
+
+
+def keras_model(num_features, l2=0.0, name="sparse_linear"):
+    """A tf_keras model: sparse input [N, num_features] -> margins [N] (`SparseLinear`)."""
+    inputs = tf_keras.Input(shape=(num_features,), sparse=True, name="features")
+    return tf_keras.Model(inputs, SparseLinear(num_features, l2, name="linear")(inputs), name=name)
+
+
+def keras_loss(loss):
+    """Table III's loss of `loss` ("linear", "logistic", "svm") as a Keras loss of
+    (labels in {-1, +1} [N], margins [N]), averaged over the batch."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+
+    def table_iii_loss(y_true, margin):
+        margin = tf.reshape(margin, [-1])
+        y = tf.reshape(tf.cast(y_true, margin.dtype), [-1])
+        if loss == "linear":
+            return tf.reduce_mean(tf.square(y - margin))
+        if loss == "logistic":
+            return tf.reduce_mean(tf.math.softplus(-y * margin))
+        return tf.reduce_mean(tf.nn.relu(1.0 - y * margin))
+
+    table_iii_loss.__name__ = f"{loss}_loss"
+    return table_iii_loss
+
+
+def accuracy(y_true, margin):
+    """Keras metric: the share of sign(margin) equal to the label in {-1, +1}."""
+    margin = tf.reshape(margin, [-1])
+    predicted = tf.where(margin >= 0, 1.0, -1.0)
+    return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.reshape(tf.cast(y_true, tf.float32), [-1])),
+                                  tf.float32))
+
+
+def sparse_dataset(data, batch_size, seed=0, shuffle=True, repeat=True):
+    """A tf.data pipeline of (sparse batch [batch_size, D], labels) from `SparseData`."""
+    coo = data.x.tocoo()
+    order = np.lexsort((coo.col, coo.row))  # tf.data slices canonically ordered indices
+    x = tf.SparseTensor(np.stack([coo.row[order], coo.col[order]], axis=1).astype(np.int64),
+                        coo.data[order].astype(np.float32), data.x.shape)
+    ds = tf.data.Dataset.from_tensor_slices((x, data.y.astype(np.float32)))
+    if shuffle:
+        ds = ds.shuffle(data.x.shape[0], seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    return ds.batch(batch_size, drop_remainder=repeat).prefetch(tf.data.AUTOTUNE)
 
 
 def adam(learning_rate=0.01):

@@ -59,64 +59,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from models import supervise  # noqa: E402
+from models import supervise, workloads  # noqa: E402
 from models.recorder import HISTORY_FIELDS, recorder_classes  # noqa: E402
 from models.train_args import build_parser, parse_compression  # noqa: E402
 
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
 
 
-# --- models and data ------------------------------------------------------------------
-
-
-def build_model(name, num_classes, input_shape, weight_decay):
-    """"resnet20" (any 6n+2), "mqgrad_cnn" -> an uncompiled tf_keras model."""
-    from models import cnn, resnet
-
-    if name.startswith("resnet"):
-        return resnet.by_name(name, num_classes, input_shape, weight_decay)
-    if name == "mqgrad_cnn":
-        return cnn.mqgrad_cnn(num_classes, input_shape)
-    raise ValueError(f"unknown model {name!r}; use resnet20/32/44/56/110 or mqgrad_cnn")
-
-
-def make_dataset(x, y, batch_size, mean, std, augment, seed, shuffle=True, repeat=True):
-    """A tf.data pipeline: uint8 images -> normalized float32 (+ crop and flip)."""
-    import tensorflow as tf
-
-    height, width = x.shape[1], x.shape[2]
-    ds = tf.data.Dataset.from_tensor_slices((x, y))
-    if shuffle:
-        ds = ds.shuffle(min(len(x), 20000), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-
-    def prepare(image, label):
-        image = (tf.cast(image, tf.float32) / 255.0 - mean) / std
-        if augment:
-            image = tf.image.resize_with_crop_or_pad(image, height + 8, width + 8)
-            image = tf.image.random_crop(image, [height, width, x.shape[3]])
-            image = tf.image.random_flip_left_right(image)
-        return image, label
-
-    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=repeat).prefetch(tf.data.AUTOTUNE)
-
-
-def make_optimizer(args, replicas, codec, pull_codec=None):
-    """SGD(momentum 0.9) with cosine decay, wrapped in a tfgc.DistributedOptimizer."""
-    import tf_keras
-
+def make_optimizer(args, workload, replicas, codec, pull_codec=None):
+    """The workload's optimizer (its learning rate scaled by `replicas`), wrapped in a
+    tfgc.DistributedOptimizer."""
     import tfgc
     from tfgc.codecs.base import StochasticCodec
 
-    lr = args.lr * replicas
-    schedule = tf_keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=lr, decay_steps=max(1, args.steps), alpha=args.lr_final / args.lr
-    )
-    inner = tf_keras.optimizers.SGD(schedule, momentum=args.momentum)
+    inner = workload.inner_optimizer(args.lr * replicas, args.steps)
     # Unbiased codecs gain nothing from error feedback; the identity has no error.
-    feedback = args.error_feedback and not isinstance(codec, StochasticCodec)
+    feedback = (args.error_feedback and workload.error_feedback
+                and not isinstance(codec, StochasticCodec))
     uncompressed = isinstance(codec, tfgc.codecs.NoCompression)
     if uncompressed:
         feedback = False
@@ -162,22 +121,16 @@ def train(args):
     import tf_keras
 
     import tfgc
-    from models import data as data_lib
 
     tf_keras.utils.set_random_seed(args.seed)
-    data = data_lib.load_images(
-        args.dataset, data_dir=args.data_dir, allow_substitute=args.allow_substitute,
-        limit=args.train_limit, manual_dir=args.manual_dir, download=args.download,
-        test_limit=args.test_limit,
-    )
-    _log(data.describe())
+    workload = workloads.for_model(args.model)(args)
+    _log(workload.describe())
     codec = parse_compression(args.compression)
     steps_per_epoch = min(args.log_every, args.steps)
     epochs = max(1, -(-args.steps // steps_per_epoch))
     summary = {
         "name": args.name, "model": args.model, "dataset_requested": args.dataset,
-        "dataset": data.name, "substitute_for": data.substitute_for,
-        "train_examples": int(len(data.x_train)), "test_examples": int(len(data.x_test)),
+        **workload.summary_fields(),
         "compression": args.compression, "codec": tfgc.codecs.serialize(codec),
         "pull_compression": args.pull_compression,
         "strategy": args.strategy, "workers": args.workers if args.strategy != "local" else 1,
@@ -216,7 +169,7 @@ def train(args):
     out = args.out if is_chief else tempfile.mkdtemp(prefix="tfgc-train-worker-")
     os.makedirs(out, exist_ok=True)
     try:
-        rows = _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary,
+        rows = _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
                                  steps_per_epoch, epochs)
     except BaseException:
         if cluster is not None:
@@ -240,15 +193,16 @@ def train(args):
             plots.plot_runs([out], os.path.join(out, "plot.png"))
         except ImportError as error:
             _log(f"no plot: {error}")
-        _log(f"test accuracy {summary['test_accuracy']:.4f} on {data.name}"
-             + (f" (SUBSTITUTE for {data.substitute_for})" if data.substitute_for else "")
+        _log(f"test accuracy {summary['test_accuracy']:.4f} on {summary['dataset']}"
+             + (f" (SUBSTITUTE for {summary['substitute_for']})" if summary["substitute_for"]
+                else "")
              + f"; outputs in {out}")
     return summary
 
 
-def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_per_epoch,
-                      epochs):
-    """Builds, trains and tests the model under `strategy`; fills `summary`.
+def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
+                      steps_per_epoch, epochs):
+    """Builds, trains and tests the workload's model under `strategy`; fills `summary`.
 
     Returns the per-step (per-epoch under PSS) history rows.
     """
@@ -257,12 +211,8 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
 
     import tfgc
 
-    x_float = data.x_train[:5000].astype(np.float32) / 255.0
-    mean = x_float.mean(axis=(0, 1, 2)).astype(np.float32)
-    std = (x_float.std(axis=(0, 1, 2)) + 1e-3).astype(np.float32)
     # Synchronous replicas scale the learning rate; a PS update is one worker's batch.
     replicas = strategy.num_replicas_in_sync if args.strategy == "mwms" else 1
-    loss = tf_keras.losses.SparseCategoricalCrossentropy()
     pull_codec = None if args.pull_compression == "none" else parse_compression(args.pull_compression)
     with strategy.scope():
         in_loss = args.weight_decay_mode == "loss"
@@ -271,9 +221,8 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
         pulls = (tfgc.compressed_pulls() if pull_codec is not None
                  else contextlib.nullcontext())
         with pulls:
-            model = build_model(args.model, data.num_classes, data.input_shape,
-                                args.weight_decay if in_loss else 0.0)
-        optimizer = make_optimizer(args, replicas, codec, pull_codec)
+            model = workload.build_model(args.weight_decay if in_loss else 0.0)
+        optimizer = make_optimizer(args, workload, replicas, codec, pull_codec)
         if not in_loss and args.weight_decay:
             # Decoupled decay, applied where the variable lives, on kernels only (as the
             # L2 term); no gradient term, so nothing extra is pulled or compressed.
@@ -281,11 +230,11 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
             optimizer.exclude_from_weight_decay(
                 var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
         optimizer.build(model.trainable_variables)  # compressed pulls start at build
-        model.compile(optimizer, loss, metrics=["accuracy"])
+        model.compile(optimizer, workload.loss(), metrics=workload.metrics())
     summary["parameters"] = int(model.count_params())
     summary["lr_scaled"] = args.lr * replicas
-    train_ds = make_dataset(data.x_train, data.y_train, args.batch_size * replicas, mean, std,
-                            args.augment, args.seed)
+    summary["error_feedback"] = bool(optimizer.error_feedback)
+    train_ds = workload.train_dataset(args.batch_size * replicas)
     options = tf.data.Options()
     if args.strategy == "mwms":
         options.experimental_distribute.auto_shard_policy = (
@@ -361,11 +310,10 @@ def _fit_and_evaluate(args, data, codec, strategy, cluster, out, summary, steps_
     test_model = model
     if args.strategy == "ps":
         # The test set is evaluated on the coordinator, on a copy of the trained weights.
-        test_model = build_model(args.model, data.num_classes, data.input_shape, 0.0)
+        test_model = workload.build_model(0.0)
         test_model.set_weights(model.get_weights())
-        test_model.compile(tf_keras.optimizers.SGD(), loss, metrics=["accuracy"])
-    test_ds = make_dataset(data.x_test, data.y_test, 250, mean, std, False, args.seed,
-                           shuffle=False, repeat=False)
+        test_model.compile("sgd", workload.loss(), metrics=workload.metrics())
+    test_ds = workload.test_dataset()
     if args.strategy == "mwms":
         test_ds = test_ds.with_options(options)
     test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
@@ -440,8 +388,18 @@ def main(argv=None):
         parser.error(str(error))
     if args.pull_compression != "none" and args.strategy == "mwms":
         parser.error("--pull-compression needs parameter servers (--strategy ps) or local")
+    try:
+        workload = workloads.for_model(args.model)
+    except ValueError as error:
+        parser.error(str(error))
+    if workload is workloads.SparseWorkload and args.pull_compression != "none":
+        parser.error("--pull-compression applies to the image models (a sparse model's "
+                     "workers read only the rows of their batch)")
+    args.dataset = args.dataset or workload.default_dataset
+    args.lr = workload.default_lr if args.lr is None else args.lr
     if args.name is None:
-        args.name = "-".join([args.model, args.dataset, args.compression.replace(":", "_")
+        dataset = os.path.basename(args.dataset.rpartition(":")[2])
+        args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")
                               .replace("=", "").replace(",", "_"), args.strategy])
     args.out = os.path.abspath(args.out or os.path.join("runs", args.name))
     if args.bandwidth and args.strategy != "ps":

@@ -63,8 +63,14 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("--model", default="resnet20", help="resnet20/32/44/56/110 or mqgrad_cnn")
-    add("--dataset", default="cifar10", help="cifar10, cifar100, fashion_mnist or digits")
+    add("--model", default="resnet20",
+        help="resnet20/32/44/56/110 or mqgrad_cnn (images), or a sparse linear model of "
+             "FastSGD: logistic, svm or linear")
+    add("--dataset", default=None,
+        help="images: cifar10 (default), cifar100, fashion_mnist or digits; sparse models: "
+             "reuters_corn (default), reuters_grain or libsvm:PATH")
+    add("--hash-dim", type=int, default=2**20,
+        help="sparse models on Reuters: hashed feature count")
     add("--allow-substitute", action="store_true",
         help="use real Fashion-MNIST (recorded as a substitute) if CIFAR is not available")
     add("--data-dir", default=None, help="tensorflow-datasets data_dir for CIFAR")
@@ -88,10 +94,13 @@ def build_parser():
     add("--log-every", type=int, default=50,
         help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")
     add("--batch-size", type=int, default=32, help="per-worker batch")
-    add("--lr", type=float, default=0.1, help="initial learning rate per replica")
+    add("--lr", type=float, default=None,
+        help="initial learning rate per replica (default: 0.1 for images, SGD; 0.01 for "
+             "sparse models, Adam)")
     add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
     add("--momentum", type=float, default=0.9)
-    add("--weight-decay", type=float, default=1e-4)
+    add("--weight-decay", type=float, default=1e-4,
+        help="L2 lambda (sparse models: on the batch's features)")
     add("--weight-decay-mode", choices=("loss", "optimizer"), default="loss",
         help="loss: an L2 term on the kernels, in the compressed gradients (He et al., "
              "3LC); optimizer: decoupled decay applied by the optimizer on the variable's "

@@ -10,6 +10,8 @@ import pytest  # noqa: E402
 
 import cluster_scripts  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 @pytest.fixture(autouse=True)
 def fresh_pull_registry(monkeypatch):
@@ -37,7 +39,9 @@ def run_python(tmp_path):
     def run(source, timeout, args=()):
         script = tmp_path / "script.py"
         script.write_text(source)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        # The repository root too: scripts may use the reference models (`models`).
+        path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=path)
         done = subprocess.run([sys.executable, str(script), *map(str, args)],
                               capture_output=True, text=True, timeout=timeout, env=env)
         assert done.returncode == 0, done.stderr[-4000:]

@@ -218,6 +218,27 @@ def test_fastsgd_indexed_slices_sum_duplicates():
     np.testing.assert_allclose(dense, expected, rtol=0.1)
 
 
+def test_no_compression_sends_indexed_slices_as_tensorflow_does():
+    # Values and rows as they are (duplicates too), the rows of a rank-2 variable intact.
+    values = tf.constant([[1.0, -2.0], [3.0, 0.5], [0.25, 4.0]])
+    slices = tf.IndexedSlices(values, tf.constant([5, 2, 5]), tf.constant([8, 2]))
+    codec = C.NoCompression()
+    payload = codec.encode(slices)
+    assert C.base.payload_nbytes(payload) == 3 * 2 * 4 + 3 * 4 + 2 * 8
+    decoded = codec.decode(payload)
+    assert isinstance(decoded, tf.IndexedSlices)
+    np.testing.assert_array_equal(decoded.values.numpy(), values.numpy())
+    np.testing.assert_array_equal(decoded.indices.numpy(), [5, 2, 5])
+    np.testing.assert_array_equal(decoded.dense_shape.numpy(), [8, 2])
+    assert codec.encode_and_reconstruct(slices)[1] is slices
+    # Values that do not fill the declared rows are refused.
+    short = dict(payload, values=payload["values"][:-1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not match its shape"):
+        codec.decode(short)
+    with pytest.raises(ValueError, match="dense_shape"):
+        codec.encode(tf.IndexedSlices(values, tf.constant([5, 2, 5])))
+
+
 def test_fastsgd_rejects_bad_arguments():
     with pytest.raises(ValueError, match="base"):
         C.FastSGD(base=1.0)

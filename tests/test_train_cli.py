@@ -61,6 +61,15 @@ def test_parser_rejects_bad_compression(capsys):
     assert "unknown compression" in capsys.readouterr().err
 
 
+def test_parser_rejects_what_a_model_cannot_do(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--model", "resnet7x"])
+    assert "unknown model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--model", "logistic", "--pull-compression", "threelc"])
+    assert "--pull-compression applies to the image models" in capsys.readouterr().err
+
+
 def test_plot_overlays_runs(tmp_path):
     for name, loss in (("a", 2.0), ("b", 1.5)):
         run = tmp_path / name
@@ -87,6 +96,23 @@ def test_local_run(tmp_path):
     assert summary["payload_ratio"] > 10
     assert 0.0 <= summary["test_accuracy"] <= 1.0
     assert os.listdir(tmp_path / "run" / "tensorboard")
+
+
+@pytest.mark.slow
+def test_sparse_model_local_run(tmp_path):
+    # FastSGD's logistic regression on hashed Reuters text, Adam at its 0.01.
+    summary, rows, _ = run_cli(["--model", "logistic", "--dataset", "reuters_corn",
+                                "--strategy", "local", "--steps", "20", "--log-every", "10",
+                                "--batch-size", "128", "--compression", "fastsgd"],
+                               tmp_path, 300)
+    assert summary["dataset"] == "ReutersCorn-train.arff"
+    assert summary["parameters"] == 2**20 + 1 and summary["num_features"] == 2**20
+    assert summary["lr"] == 0.01 and summary["error_feedback"] is False
+    # The sparse gradient's keys and values, not the dense [2^20] tensor.
+    assert summary["payload_ratio"] > 100
+    losses = [float(r["loss"]) for r in rows]
+    assert len(losses) == 20 and np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert 0.5 <= summary["test_accuracy"] <= 1.0
 
 
 @pytest.mark.cluster

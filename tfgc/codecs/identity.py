@@ -5,19 +5,29 @@ from tfgc.codecs import base
 
 
 class NoCompression(base.Codec):
-    """Sends the tensor as it is: the reference every ratio is measured against."""
+    """Sends the tensor as it is: the reference every ratio is measured against.
+
+    Sparse gradients (`tf.IndexedSlices`, e.g. of an embedding or a sparse linear
+    model) travel as TensorFlow sends them: their values and row indices, plus the dense
+    shape, and decode to `tf.IndexedSlices` again.
+    """
 
     summable = True
+    accepts_indexed_slices = True
 
     def encode(self, x):
+        if isinstance(x, tf.IndexedSlices):
+            return _slices_payload(x, self.name)
         return {"values": base.check_floating(x, self.name)}
 
     def decode(self, payload):
+        if "indices" in payload:
+            return _slices_from_payload(payload, self.name)
         return payload["values"]
 
     def encode_and_reconstruct(self, x):
         payload = self.encode(x)
-        return payload, payload["values"]
+        return payload, x if isinstance(x, tf.IndexedSlices) else payload["values"]
 
 
 class Cast(base.Codec):
@@ -55,3 +65,26 @@ class Cast(base.Codec):
 
     def decode(self, payload):
         return tf.cast(payload["values"], payload["dtype"].dtype)
+
+
+def _slices_payload(slices, codec_name):
+    """The payload of `tf.IndexedSlices`: values flattened (a fused message carries
+    vectors), row indices and the dense shape."""
+    if slices.dense_shape is None:
+        raise ValueError(f"{codec_name}: IndexedSlices without a dense_shape cannot be sent")
+    values = base.check_floating(slices.values, codec_name)
+    return {
+        "values": tf.reshape(values, [-1]),
+        "indices": slices.indices,
+        "dense_shape": tf.cast(slices.dense_shape, tf.int64),
+    }
+
+
+def _slices_from_payload(payload, codec_name):
+    """Inverse of `_slices_payload`; a payload whose values do not fill its rows fails."""
+    dense_shape = payload["dense_shape"]
+    row_shape = dense_shape[1:]
+    expected = tf.size(payload["indices"], out_type=tf.int64) * tf.reduce_prod(row_shape)
+    values = base.check_size(payload["values"], expected, codec_name)
+    values = tf.reshape(values, tf.concat([[-1], row_shape], 0))
+    return tf.IndexedSlices(values, payload["indices"], dense_shape)

@@ -1,5 +1,7 @@
 """DistributedOptimizer for tf_keras optimizers: parameter servers (pushes and pulls),
 all-reduce strategies and one process."""
+import contextlib
+
 import tensorflow as tf
 
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
@@ -42,6 +44,17 @@ class _CompressingMixin(CompressingBase):
         var_list = [self._master_of(v) for v in var_list]
         super().build(var_list)
         self._build_compression(var_list)
+
+    def _deduplicate_sparse_grad(self, grads):
+        # tf_keras sums the rows of every sparse gradient first, on no device in
+        # particular: on a worker, where a gradient decoded on a parameter server would
+        # cross to the worker and back. Sum each where it was decoded.
+        deduplicated = []
+        for grad in grads:
+            on_decoder = isinstance(grad, tf.IndexedSlices) and grad.values.device
+            with tf.device(grad.values.device) if on_decoder else contextlib.nullcontext():
+                deduplicated += super()._deduplicate_sparse_grad([grad])
+        return deduplicated
 
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
                         **kwargs):

@@ -139,6 +139,9 @@ class AllReduceWire(Wire):
                 received[position], nbytes[position] = codec.all_reduce(
                     tf.convert_to_tensor(gradient), context)
                 continue
+            if codec.summable and isinstance(gradient, tf.IndexedSlices):
+                # Replicas' slices have their own rows and lengths: sum them dense.
+                gradient = tf.convert_to_tensor(gradient)
             payload = self.sender.wire_payload(gradient, variable)
             if codec.summable:
                 summed.append((position, payload))
@@ -211,6 +214,8 @@ class AllReduceWire(Wire):
             unpacked = layout.unpack(replica_message, name="all-gathered fused message")
             for i, ((position, _), payload) in enumerate(zip(bucket, unpacked)):
                 decoded = self.sender.wire_codec(grads_and_vars[position][1]).decode(payload)
+                if isinstance(decoded, tf.IndexedSlices):  # sparse codecs' (FastSGD)
+                    decoded = tf.convert_to_tensor(decoded)
                 totals[i] = decoded if totals[i] is None else totals[i] + decoded
         return [(position, total, share)
                 for (position, _), total, share in zip(bucket, totals, shares)]

@@ -1,0 +1,175 @@
+"""What `python -m models.train` trains: a dataset, a model, its loss and metric, the
+optimizer its paper trains it with, and the input pipelines.
+
+* `ImageWorkload`: the ResNets (3LC) and MQGrad's CNN on CIFAR-10/100, Fashion-MNIST
+  or digits; SGD with momentum and cosine decay.
+* `SparseWorkload`: FastSGD's generalized linear models (logistic regression, linear
+  SVM, linear regression) on hashed Reuters text or a libsvm file; Adam. The weight
+  gradient is a `tf.IndexedSlices` over the batch's features, which FastSGD's key
+  encoder compresses and the fp32 baseline sends as TensorFlow does (values and rows).
+
+`for_model(name)` picks the workload of a `--model` name.
+"""
+import numpy as np
+
+from models import data as data_lib
+from models import sparse_models
+
+IMAGE_MODELS = "resnet20/32/44/56/110 or mqgrad_cnn"
+
+
+class ImageWorkload:
+    """Image classification with a reference CNN (see the module doc).
+
+    Args:
+      args: the parsed `models.train` options.
+    """
+
+    default_dataset = "cifar10"
+    default_lr = 0.1
+    #: Error feedback applies (the gradients are dense).
+    error_feedback = True
+
+    def __init__(self, args):
+        self.args = args
+        self.data = data_lib.load_images(
+            args.dataset, data_dir=args.data_dir, allow_substitute=args.allow_substitute,
+            limit=args.train_limit, manual_dir=args.manual_dir, download=args.download,
+            test_limit=args.test_limit,
+        )
+        x_float = self.data.x_train[:5000].astype(np.float32) / 255.0
+        self.mean = x_float.mean(axis=(0, 1, 2)).astype(np.float32)
+        self.std = (x_float.std(axis=(0, 1, 2)) + 1e-3).astype(np.float32)
+
+    def describe(self):
+        return self.data.describe()
+
+    def summary_fields(self):
+        """What the run's summary records of the data."""
+        return {"dataset": self.data.name, "substitute_for": self.data.substitute_for,
+                "train_examples": int(len(self.data.x_train)),
+                "test_examples": int(len(self.data.x_test))}
+
+    def build_model(self, weight_decay):
+        """An uncompiled tf_keras model (`weight_decay`: its L2 term on the kernels)."""
+        from models import cnn, resnet
+
+        name, data = self.args.model, self.data
+        if name.startswith("resnet"):
+            return resnet.by_name(name, data.num_classes, data.input_shape, weight_decay)
+        if name == "mqgrad_cnn":
+            return cnn.mqgrad_cnn(data.num_classes, data.input_shape)
+        raise ValueError(f"unknown model {name!r}; use {IMAGE_MODELS}")
+
+    def loss(self):
+        import tf_keras
+
+        return tf_keras.losses.SparseCategoricalCrossentropy()
+
+    def metrics(self):
+        return ["accuracy"]
+
+    def inner_optimizer(self, lr, steps):
+        """SGD with momentum, its learning rate decayed from `lr` to `--lr-final` over
+        `steps` along a cosine."""
+        import tf_keras
+
+        args = self.args
+        schedule = tf_keras.optimizers.schedules.CosineDecay(
+            initial_learning_rate=lr, decay_steps=max(1, steps), alpha=args.lr_final / args.lr)
+        return tf_keras.optimizers.SGD(schedule, momentum=args.momentum)
+
+    def train_dataset(self, batch_size):
+        return make_image_dataset(self.data.x_train, self.data.y_train, batch_size, self.mean,
+                                  self.std, self.args.augment, self.args.seed)
+
+    def test_dataset(self):
+        return make_image_dataset(self.data.x_test, self.data.y_test, 250, self.mean, self.std,
+                                  False, self.args.seed, shuffle=False, repeat=False)
+
+
+def make_image_dataset(x, y, batch_size, mean, std, augment, seed, shuffle=True, repeat=True):
+    """A tf.data pipeline: uint8 images -> normalized float32 (+ crop and flip)."""
+    import tensorflow as tf
+
+    height, width = x.shape[1], x.shape[2]
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle:
+        ds = ds.shuffle(min(len(x), 20000), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+
+    def prepare(image, label):
+        image = (tf.cast(image, tf.float32) / 255.0 - mean) / std
+        if augment:
+            image = tf.image.resize_with_crop_or_pad(image, height + 8, width + 8)
+            image = tf.image.random_crop(image, [height, width, x.shape[3]])
+            image = tf.image.random_flip_left_right(image)
+        return image, label
+
+    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=repeat).prefetch(tf.data.AUTOTUNE)
+
+
+class SparseWorkload:
+    """A sparse generalized linear model of FastSGD's Table III (see the module doc).
+
+    `--model` is the loss ("logistic", "svm" or "linear"), `--weight-decay` its L2
+    lambda on the batch's features, `--hash-dim` the feature count of hashed text.
+    There is no error feedback: a residual would make every gradient dense.
+
+    Args:
+      args: the parsed `models.train` options.
+    """
+
+    default_dataset = "reuters_corn"
+    default_lr = 0.01  # FastSGD's Adam
+    error_feedback = False
+
+    def __init__(self, args):
+        self.args = args
+        self.train, self.test = data_lib.load_sparse(args.dataset, dim=args.hash_dim)
+
+    def describe(self):
+        x = self.train.x
+        return (f"dataset {self.train.name.split('/')[0]}: {x.shape[0]} train / "
+                f"{self.test.x.shape[0]} test examples, {x.shape[1]:,d} sparse features, "
+                f"{x.nnz / max(1, x.shape[0]):.1f} non-zero per example, "
+                f"{float(np.mean(self.train.y > 0)):.1%} positive")
+
+    def summary_fields(self):
+        return {"dataset": self.train.name, "substitute_for": None,
+                "train_examples": int(self.train.x.shape[0]),
+                "test_examples": int(self.test.x.shape[0]),
+                "num_features": int(self.train.num_features)}
+
+    def build_model(self, weight_decay):
+        return sparse_models.keras_model(self.train.num_features, weight_decay,
+                                         name=f"sparse_{self.args.model}")
+
+    def loss(self):
+        return sparse_models.keras_loss(self.args.model)
+
+    def metrics(self):
+        return [sparse_models.accuracy]
+
+    def inner_optimizer(self, lr, steps):
+        """Adam with FastSGD's betas and epsilon, constant learning rate `lr`."""
+        del steps
+        return sparse_models.adam(lr)
+
+    def train_dataset(self, batch_size):
+        return sparse_models.sparse_dataset(self.train, batch_size, self.args.seed)
+
+    def test_dataset(self):
+        return sparse_models.sparse_dataset(self.test, 256, shuffle=False, repeat=False)
+
+
+def for_model(name):
+    """The workload class of a `--model` name."""
+    if name in sparse_models.LOSSES:
+        return SparseWorkload
+    if name[len("resnet"):].isdigit() and name.startswith("resnet") or name == "mqgrad_cnn":
+        return ImageWorkload
+    raise ValueError(f"unknown model {name!r}; use {IMAGE_MODELS}, or a sparse linear "
+                     f"model: {', '.join(sparse_models.LOSSES)}")

@@ -1,0 +1,85 @@
+"""Sparse gradients on a real parameter-server cluster (FastSGD's workloads).
+
+Logistic regression on hashed Reuters text (D = 2^20 features, batches of 256
+documents, `models.sparse_models.keras_model`) trains with tf_keras `fit` under
+ParameterServerStrategy (1 ps, 1 worker, the coordinator here), with fp32 pushes and
+with FastSGD. Per step, from `ss`:
+
+* the worker reads the batch's u distinct weights: u int32 ids cross to the server
+  and u float32 rows come back;
+* the push carries its counted payload: fp32 sends the gradient's rows and ids as
+  TensorFlow does (not the dense [D] tensor), FastSGD about 18 bits per row;
+* nothing else scales with u. In particular a gradient decoded on the server is
+  summed there, not sent to the worker and back (tf_keras sums the rows of every
+  sparse gradient before applying it, on no device in particular).
+"""
+
+import numpy as np
+import pytest
+
+import cluster_scripts
+from models import data as data_lib
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+STEPS = 4
+BATCH = 256
+
+COORDINATOR = cluster_scripts.script(
+    """
+    from models import data as data_lib, sparse_models
+
+    steps, batch = int(sys.argv[1]), int(sys.argv[2])
+    train, _ = data_lib.load_sparse("reuters_corn")
+    report = {}
+    with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=400) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        for name, codec in (("fp32", tfgc.codecs.NoCompression()),
+                            ("fastsgd", tfgc.codecs.FastSGD())):
+            with strategy.scope():
+                model = sparse_models.keras_model(train.num_features, l2=1e-4)
+                opt = tfgc.DistributedOptimizer(sparse_models.adam(0.01), compression=codec,
+                                                error_feedback=False)
+                opt.build(model.trainable_variables)
+                model.compile(opt, sparse_models.keras_loss("logistic"))
+            # In order, so that the test knows every batch: each fit starts the data over.
+            data = sparse_models.sparse_dataset(train, batch, shuffle=False)
+            model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)  # trace, connect
+            rows0 = c.settled_socket_bytes()
+            pushed0 = int(opt.traffic["push_bytes"].numpy())
+            history = model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+            rows1 = c.settled_socket_bytes()
+            report[name] = {
+                "sent": (c.traffic_between("worker", "ps", rows=rows1)
+                         - c.traffic_between("worker", "ps", rows=rows0)),
+                "received": (c.traffic_between("ps", "worker", rows=rows1)
+                             - c.traffic_between("ps", "worker", rows=rows0)),
+                "payload": int(opt.traffic["push_bytes"].numpy()) - pushed0,
+                "loss": history.history["loss"],
+            }
+    send_report(report)
+    """
+)
+
+
+def distinct_features_per_batch(batches):
+    """u of each of the first `batches` batches of the unshuffled training set."""
+    train, _ = data_lib.load_sparse("reuters_corn")
+    return [len(np.unique(train.x[i * BATCH:(i + 1) * BATCH].indices)) for i in range(batches)]
+
+
+def test_sparse_pushes_carry_their_payload_and_no_round_trip(run_report):
+    report = run_report(COORDINATOR, timeout=400, args=[STEPS, BATCH])
+    distinct = distinct_features_per_batch(STEPS)
+    assert min(distinct) > 1000  # the reads and pushes below are not lost in the slack
+    reads = 4 * sum(distinct)  # int32 ids out, float32 rows back
+    slack = 4096 * STEPS
+    fp32, fastsgd = report["fp32"], report["fastsgd"]
+    # fp32: each distinct row's value and int32 id, the bias's gradient and the message's
+    # lengths; never the dense [2^20] tensor.
+    assert 8 * sum(distinct) <= fp32["payload"] <= 8 * sum(distinct) + 64 * STEPS, fp32
+    assert fastsgd["payload"] < fp32["payload"] / 3, report
+    for run in (fp32, fastsgd):
+        assert reads + run["payload"] <= run["sent"] <= reads + run["payload"] + slack, report
+        assert reads <= run["received"] <= reads + slack, report
+        assert all(np.isfinite(run["loss"])), report
