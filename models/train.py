@@ -36,6 +36,10 @@ accuracy, push bytes), ``summary.json`` (the run's settings, dataset actually us
 test accuracy, bytes per step, step time), ``tensorboard/`` and ``plot.png`` (loss and
 accuracy against time and steps; overlay runs with ``python -m models.plots``).
 
+Sparse models (FastSGD): ``--model logistic|svm|linear --dataset reuters_corn`` (or
+``reuters_grain``, ``libsvm:PATH``) trains a linear model on sparse input with Adam
+(``models.workloads.SparseWorkload``); its weight gradient is a ``tf.IndexedSlices``.
+
 Compression specs: ``none``, ``fp16``, ``bf16``, ``int8``, ``threelc:sparsity=1.75``,
 ``quantize:bits=4``, ``ternary``, ``onebit``, ``sparsify:fraction=0.25``,
 ``topk:ratio=0.01``, ``logquant:bits=4``, ``fastsgd:base=1.1``, ``qsgd:bits=4`` (any

@@ -218,6 +218,20 @@ def test_fastsgd_indexed_slices_sum_duplicates():
     np.testing.assert_allclose(dense, expected, rtol=0.1)
 
 
+# Few rows are hashed, many summed densely, ascending distinct ones taken as they are.
+@pytest.mark.parametrize("rows", ["few", "many", "ascending"])
+def test_fastsgd_indexed_slices_encode_like_their_dense_tensor(rng, rows):
+    indices = {"few": rng.integers(0, 1000, 50), "many": rng.integers(0, 1000, 2000),
+               "ascending": np.sort(rng.choice(1000, 50, replace=False))}[rows]
+    rows = indices.size
+    values = gradient_like(rng, [rows, 3])
+    slices = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([1000, 3]))
+    codec = C.FastSGD()
+    sparse, dense = codec.encode(slices), codec.encode(tf.convert_to_tensor(slices))
+    for key in ("keys", "values", "sum"):
+        np.testing.assert_array_equal(sparse[key].numpy(), dense[key].numpy())
+
+
 def test_no_compression_sends_indexed_slices_as_tensorflow_does():
     # Values and rows as they are (duplicates too), the rows of a rank-2 variable intact.
     values = tf.constant([[1.0, -2.0], [3.0, 0.5], [0.25, 4.0]])

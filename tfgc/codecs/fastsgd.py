@@ -63,14 +63,36 @@ class FastSGD(base.Codec):
 
     def _encode_slices(self, slices):
         values = base.check_floating(slices.values, self.name)
-        rows, position = tf.unique(tf.cast(slices.indices, tf.int64))
-        summed = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
-        order = tf.argsort(rows)
-        rows, summed = tf.gather(rows, order), tf.gather(summed, order)
+        indices = tf.cast(slices.indices, tf.int64)
         dense_shape = tf.cast(slices.dense_shape, tf.int64)
         row_size = tf.reduce_prod(dense_shape[1:])
-        keys = rows[:, None] * row_size + tf.range(row_size)[None, :]
-        payload = self._encode_pairs(tf.reshape(keys, [-1]), tf.reshape(summed, [-1]))
+        flat_values = tf.reshape(values, [-1])
+
+        def element_keys(rows):
+            return tf.reshape(rows[:, None] * row_size + tf.range(row_size)[None, :], [-1])
+
+        def as_given():
+            return element_keys(indices), flat_values
+
+        def distinct_rows():
+            rows, position = tf.unique(indices)
+            summed = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
+            order = tf.argsort(rows)
+            return element_keys(tf.gather(rows, order)), tf.reshape(tf.gather(summed, order), [-1])
+
+        def through_dense():
+            dense = tf.reshape(tf.math.unsorted_segment_sum(values, indices, dense_shape[0]), [-1])
+            keys = tf.where(dense != 0)[:, 0]  # zeros are never sent
+            return keys, tf.gather(dense, keys)
+
+        # Three ways to the same keys and values, by cost: rows already ascending and
+        # distinct are taken as they are; hashing rows costs ~8x a pass over a dense
+        # element, so many rows are summed into the dense tensor instead.
+        ascending = tf.reduce_all(indices[1:] > indices[:-1])
+        many = tf.size(flat_values, out_type=tf.int64) * 8 > dense_shape[0] * row_size
+        keys, summed = tf.cond(
+            ascending, as_given, lambda: tf.cond(many, through_dense, distinct_rows))
+        payload = self._encode_pairs(keys, summed)
         payload["dense_shape"] = tf.cast(dense_shape, tf.int32)
         return payload
 
