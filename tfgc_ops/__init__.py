@@ -1,6 +1,7 @@
 """tfgc's C++ TensorFlow ops: 3LC's quantize-and-fold and unfold, zero-run encoding and
-entropy coding of the quartic bytes, key bit-packing (FastSGD) and the packing of small
-codes into bytes (the quantizers' payloads).
+entropy coding of the quartic bytes, key bit-packing (FastSGD), the packing of small
+codes into bytes (the quantizers' payloads), and stochastic rounding (QSGD, stochastic
+3-values) with draws that depend only on a seed and each value's index.
 
 The op library is compiled at install time against the installed TensorFlow. A library
 built for another TensorFlow minor version cannot load (TensorFlow's C++ ABI changes
@@ -16,7 +17,8 @@ import tensorflow as tf
 
 __all__ = ["largest_magnitude", "quartic_fold", "quartic_unfold", "zero_run_encode",
            "zero_run_decode", "quartic_entropy_encode", "quartic_entropy_decode", "pack_keys",
-           "unpack_keys", "check_flag_bits", "pack_bits", "unpack_bits", "library_path"]
+           "unpack_keys", "check_flag_bits", "pack_bits", "unpack_bits", "qsgd_norms",
+           "qsgd_encode", "qsgd_decode", "stochastic_ternary_fold", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
@@ -139,6 +141,52 @@ def quartic_unfold(quartic, n, scale):
     """
     return _ops.tfgc_quartic_unfold(_as_bytes(quartic, "quartic_unfold"), tf.cast(n, tf.int64),
                                     tf.convert_to_tensor(scale, tf.float32))
+
+
+def qsgd_norms(x, bucket_size):
+    """L2 norm of each bucket of `bucket_size` values of 1-D float32 `x` (the last one
+    short), summed in double; NaN or Inf where a value is not finite."""
+    return _ops.tfgc_qsgd_norms(tf.convert_to_tensor(x, tf.float32), bucket_size=int(bucket_size))
+
+
+def qsgd_encode(x, norms, seed, bits, bucket_size):
+    """QSGD's stochastic rounding of 1-D float32 `x`, packed `bits` bits per value.
+
+    Value j of bucket b gets level l = min(floor(t) + [u_j < t - floor(t)], s) with
+    t = min(|x_j| * (s / norms[b]), s), s = 2^(bits-1) - 1, and code (x_j < 0) << (bits - 1) | l;
+    a bucket whose norm is not > 0 and finite sends level 0. The draw u_j in [0, 1)
+    depends only on `seed` (2 int64) and j (`reference.uniform_draws`).
+
+    Returns:
+      uint8 tensor of ceil(n * bits / 8) bytes, packed as `pack_bits` packs.
+    """
+    return _ops.tfgc_qsgd_encode(tf.convert_to_tensor(x, tf.float32),
+                                 tf.convert_to_tensor(norms, tf.float32),
+                                 tf.cast(seed, tf.int64), bits=int(bits),
+                                 bucket_size=int(bucket_size))
+
+
+def qsgd_decode(packed, norms, n, bits, bucket_size):
+    """Inverse of `qsgd_encode`: the n float32 values (+-l * norms[b]) / s.
+
+    Raises:
+      tf.errors.InvalidArgumentError: `packed` does not hold exactly n codes or `norms`
+        is not one per bucket (checked before anything is allocated).
+    """
+    return _ops.tfgc_qsgd_decode(_as_bytes(packed, "qsgd_decode"),
+                                 tf.convert_to_tensor(norms, tf.float32), tf.cast(n, tf.int64),
+                                 bits=int(bits), bucket_size=int(bucket_size))
+
+
+def stochastic_ternary_fold(x, scale, seed):
+    """3LC's stochastic 3-values of 1-D float32 `x`, folded as `quartic_fold` folds.
+
+    q_j = sign(x_j) when u_j < |x_j| * (1 / scale), else 0 (every q is 0 when `scale` is not
+    > 0); u_j as in `qsgd_encode`. Unfold with `quartic_unfold`.
+    """
+    return _ops.tfgc_stochastic_ternary_fold(tf.convert_to_tensor(x, tf.float32),
+                                             tf.convert_to_tensor(scale, tf.float32),
+                                             tf.cast(seed, tf.int64))
 
 
 def zero_run_encode(quartic):

@@ -268,3 +268,77 @@ def unpack_bits(packed, bits, n):
     """Inverse of `pack_bits`: the first n codes."""
     stream = np.unpackbits(np.asarray(packed, np.uint8))[: n * bits].reshape(n, bits)
     return (stream.astype(np.int64) << np.arange(bits - 1, -1, -1)).sum(axis=1).astype(np.int32)
+
+
+# --- stochastic rounding (the ops qsgd_encode / stochastic_ternary_fold) ------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _finalize(z):
+    """SplitMix64's finalizer of a Python int."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _multiply_128(a, b):
+    """(high, low) 64-bit halves of the 128-bit products of uint64 arrays a and b."""
+    lo32 = np.uint64(0xFFFFFFFF)
+    a_lo, a_hi, b_lo, b_hi = a & lo32, a >> np.uint64(32), b & lo32, b >> np.uint64(32)
+    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    middle = (ll >> np.uint64(32)) + (lh & lo32) + (hl & lo32)
+    low = (ll & lo32) | (middle << np.uint64(32))
+    high = hh + (lh >> np.uint64(32)) + (hl >> np.uint64(32)) + (middle >> np.uint64(32))
+    return high, low
+
+
+def uniform_draws(seed, n):
+    """The draws u_0..u_{n-1} in [0, 1) of the stochastic-rounding ops under `seed` (two
+    ints): wyrand's output for the counter key + (j + 1) * 0xA0761D6478BD642F, with
+    key = finalize(seed0 ^ finalize(seed1)), top 24 bits."""
+    s0, s1 = (int(s) & _MASK64 for s in seed)
+    key = np.uint64(_finalize(s0 ^ _finalize(s1)))
+    with np.errstate(over="ignore"):
+        state = key + (np.arange(n, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xA0761D6478BD642F)
+        high, low = _multiply_128(state, state ^ np.uint64(0xE7037ED1A0B428DB))
+    return ((high ^ low) >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
+
+
+def qsgd_codes(x, norms, seed, bits, bucket_size):
+    """QSGD's sign-level codes of float32 `x` (see `tfgc_ops.qsgd_encode`), unpacked."""
+    x = np.asarray(x, np.float32)
+    levels = np.float32(2 ** (bits - 1) - 1)
+    norm = np.repeat(np.asarray(norms, np.float32), bucket_size)[:x.size]
+    usable = (norm > 0) & np.isfinite(norm)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        safe = np.where(usable, norm, np.float32(1))
+        subnormal = float(levels) / safe.astype(np.float64) > np.finfo(np.float32).max
+        factor = np.where(subnormal, np.float32(0), levels / safe).astype(np.float32)
+        t = np.where(subnormal, np.abs(x) / safe * levels, np.abs(x) * factor)
+        t = np.minimum(t, levels)
+    t = np.where(usable, t, np.float32(0))
+    lower = np.floor(t)
+    level = np.minimum(lower + (uniform_draws(seed, x.size) < t - lower), levels)
+    level = np.where(usable, level, 0).astype(np.int32)
+    return ((x < 0).astype(np.int32) << (bits - 1)) | level
+
+
+def qsgd_values(codes, norms, bits, bucket_size):
+    """The float32 values of QSGD `codes` with bucket `norms`."""
+    codes = np.asarray(codes, np.int32)
+    levels = np.float32(2 ** (bits - 1) - 1)
+    level = (codes & ((1 << (bits - 1)) - 1)).astype(np.float32)
+    signed = np.where(codes >> (bits - 1) > 0, -level, level)
+    norm = np.repeat(np.asarray(norms, np.float32), bucket_size)[:codes.size]
+    with np.errstate(invalid="ignore"):  # 0 * an unusable (infinite) norm is NaN, as sent
+        return (signed * norm / levels).astype(np.float32)
+
+
+def stochastic_ternary(x, scale, seed):
+    """The stochastic 3-values of float32 `x` (see `tfgc_ops.stochastic_ternary_fold`)."""
+    x = np.asarray(x, np.float32)
+    if not scale > 0:
+        return np.zeros(x.size, np.int8)
+    keep = uniform_draws(seed, x.size) < np.abs(x) * (np.float32(1) / np.float32(scale))
+    return np.where(keep, np.sign(x), 0).astype(np.int8)

@@ -253,5 +253,7 @@ class StochasticCodec(tf.Module, ReconstructingCodec):
         else:
             self.generator = tf.random.Generator.from_seed(seed)
 
-    def uniform(self, shape):
-        return self.generator.uniform(shape, dtype=tf.float32)
+    def draw_seed(self):
+        """A fresh int64 pair from the generator: the seed of one encoding's draws
+        (the C++ ops draw each value's from it and the value's index)."""
+        return self.generator.make_seeds(1)[:, 0]

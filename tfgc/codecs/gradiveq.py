@@ -504,8 +504,8 @@ class _SeededQSGD(QSGD):
         super().__init__(bits=bits, bucket_size=bucket_size, seed=0)
         self._draw_seed = None
 
-    def uniform(self, shape):
-        return tf.random.stateless_uniform(shape, seed=self._draw_seed)
+    def draw_seed(self):
+        return self._draw_seed
 
     def encode_parts(self, flat, seed):
         self._draw_seed = seed

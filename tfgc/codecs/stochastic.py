@@ -1,14 +1,16 @@
 """Unbiased stochastic quantizers: TernGrad-like 3-values and QSGD."""
 import tensorflow as tf
 
-from tfgc.codecs import base, bitpack, quartic, quantize
+import tfgc_ops
+from tfgc.codecs import base, quantize
 
 
 class StochasticTernary(base.StochasticCodec):
     """Stochastic 3-value quantization + quartic encoding (3LC's "Stoch 3-value + QE").
 
     q = sign(x) with probability |x| / M, else 0, M = max|x|: E[M q] = x (TernGrad
-    without gradient clipping); 1.6 bits per value.
+    without gradient clipping); 1.6 bits per value. One pass of C++ each way
+    (`tfgc_ops.stochastic_ternary_fold`, `quartic_unfold`).
 
     Payload: {"data": quartic bytes, "scale": M in x's dtype, "shape"}.
     """
@@ -17,49 +19,42 @@ class StochasticTernary(base.StochasticCodec):
 
     def __init__(self, seed=None):
         super().__init__(seed=seed, name="stochastic_ternary")
-        self._fold = base.CompiledForLarge(_ternary_fold)
 
     def get_config(self):
         return {"seed": self.seed}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        data, scale = self._fold(x, self.uniform([tf.size(x)]))
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        # NaN when a value is not finite: every 3-value is then 0 and decodes to NaN.
+        scale = base.round_to(tfgc_ops.largest_magnitude(flat), x.dtype)
+        data = tfgc_ops.stochastic_ternary_fold(flat, scale, self.draw_seed())
         payload = {
             "data": data,
             "scale": tf.cast(scale, x.dtype),
             "shape": base.shape_of(x),
         }
-        values = quartic.unfold(data, tf.size(x)) * scale
+        values = tfgc_ops.quartic_unfold(data, tf.size(flat), scale)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
     def decode(self, payload):
         shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        data = base.check_size(payload["data"], quartic.groups_for(n), self.name)
         scale = payload["scale"]
-        values = tf.cast(quartic.unfold(data, n) * tf.cast(scale, tf.float32), scale.dtype)
-        return tf.reshape(values, base.static_shape(shape))
-
-
-def _ternary_fold(x, uniform):
-    """(quartic bytes of sign(x) kept with probability |x| / M, M = max|x| as the receiver
-    reads it) for `uniform` draws in [0, 1), one per value."""
-    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-    finite = base.all_finite(flat)
-    scale = base.round_to(base.nan_unless(finite, base.largest_magnitude(flat)), x.dtype)
-    probability = tf.abs(flat) / tf.where(scale > 0, scale, 1.0)
-    q = tf.where((uniform < probability) & finite, tf.sign(flat), 0.0)
-    return quartic.fold(q), scale
+        values = tfgc_ops.quartic_unfold(payload["data"], tf.reduce_prod(shape),
+                                         tf.cast(scale, tf.float32))
+        return tf.reshape(tf.cast(values, scale.dtype), base.static_shape(shape))
 
 
 class QSGD(base.StochasticCodec):
     """QSGD (Alistarh et al. 2017): stochastic rounding of |x| / ||bucket||_2 to s levels.
 
     The flattened tensor is split into buckets of `bucket_size` values (QSGD's d; the
-    last one zero-padded), each with its own L2 norm. With `bits` K, each value is a sign
+    last one shorter), each with its own L2 norm. With `bits` K, each value is a sign
     bit and a level in 0..s, s = 2^(K-1) - 1, rounded up with probability equal to the
-    remainder, so E[decode] = x. K bits per value plus 32 bits per bucket.
+    remainder, so E[decode] = x. K bits per value plus 32 bits per bucket. One pass of
+    C++ each way after the norms (`tfgc_ops.qsgd_encode`, `qsgd_decode`). A bucket norm
+    that is not finite (a non-finite value, or finite values whose norm overflows x's
+    dtype) makes every norm NaN, so the whole tensor decodes to NaN.
 
     Args:
       bits: K in 2..8 (GradiVeQ samples with 4).
@@ -79,55 +74,27 @@ class QSGD(base.StochasticCodec):
         self.bits = int(bits)
         self.bucket_size = int(bucket_size)
         self.levels = 2 ** (self.bits - 1) - 1
-        self._codes = base.CompiledForLarge(self._bucket_codes)
 
     def get_config(self):
         return {"bits": self.bits, "bucket_size": self.bucket_size, "seed": self.seed}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        count = (tf.size(x) + self.bucket_size - 1) // self.bucket_size
-        codes, norms = self._codes(x, self.uniform([count, self.bucket_size]))
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        norms = base.round_to(tfgc_ops.qsgd_norms(flat, self.bucket_size), x.dtype)
+        norms = base.nan_unless(base.all_finite(norms), norms)
+        data = tfgc_ops.qsgd_encode(flat, norms, self.draw_seed(), self.bits, self.bucket_size)
         payload = {
-            "data": bitpack.pack_bits(codes, self.bits),
+            "data": data,
             "norms": tf.cast(norms, x.dtype),
             "shape": base.shape_of(x),
         }
-        values = self._values(codes, payload["norms"], tf.size(x))
+        values = tfgc_ops.qsgd_decode(data, norms, tf.size(flat), self.bits, self.bucket_size)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
-
-    def _bucket_codes(self, x, uniform):
-        """(int32 sign-level codes, bucket norms as the receiver reads them) of `x` for
-        `uniform` draws in [0, 1), one per bucket slot."""
-        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        finite = base.all_finite(flat)
-        buckets = self._buckets(tf.where(tf.math.is_finite(flat), flat, 0.0))
-        norms = base.round_to(tf.norm(buckets, axis=1, keepdims=True), x.dtype)
-        norms = base.nan_unless(finite, norms)
-        scaled = tf.abs(buckets) / tf.where(norms > 0, norms, 1.0) * self.levels
-        lower = tf.floor(scaled)
-        level = tf.minimum(lower + tf.cast(uniform < scaled - lower, tf.float32), self.levels)
-        codes = bitpack.join_sign(buckets < 0, level, self.bits)
-        return tf.reshape(codes, [-1])[:tf.size(flat)], tf.reshape(norms, [-1])
 
     def decode(self, payload):
         shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
-        norms = base.check_size(payload["norms"], (n + self.bucket_size - 1) // self.bucket_size, self.name)
-        values = self._values(bitpack.unpack_bits(data, self.bits, n), norms, n)
+        norms = payload["norms"]
+        values = tfgc_ops.qsgd_decode(payload["data"], tf.cast(norms, tf.float32),
+                                      tf.reduce_prod(shape), self.bits, self.bucket_size)
         return tf.reshape(tf.cast(values, norms.dtype), base.static_shape(shape))
-
-    def _values(self, codes, norms, n):
-        """The n float32 values of sign-level `codes` with bucket `norms`."""
-        negative, level = bitpack.split_sign(self._buckets(codes), self.bits)
-        signed = tf.where(negative, -level, level)
-        values = signed * tf.cast(norms, tf.float32)[:, None] / self.levels
-        return tf.reshape(values, [-1])[:n]
-
-    def _buckets(self, flat):
-        """[n] -> [ceil(n / bucket_size), bucket_size], zero-padded."""
-        n = tf.size(flat)
-        count = (n + self.bucket_size - 1) // self.bucket_size
-        padded = tf.pad(flat, [[0, count * self.bucket_size - n]])
-        return tf.reshape(padded, [count, self.bucket_size])

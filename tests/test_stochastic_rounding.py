@@ -1,0 +1,101 @@
+"""The stochastic-rounding ops (QSGD's codes, 3LC's stochastic 3-values) against the
+numpy reference, and their input checks."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgc_ops
+from tfgc_ops import reference as ref
+
+SIZES = [0, 1, 7, 8, 9, 4099, 100_003]
+SEED = [123456789012, -5]
+
+
+def values(rng, size):
+    return (rng.standard_t(3, size) * 1e-3).astype(np.float32)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bucket", [1, 7, 512])
+def test_qsgd_ops_match_the_reference(rng, size, bits, bucket):
+    x = values(rng, size)
+    norms = tfgc_ops.qsgd_norms(x, bucket).numpy()
+    naive = [np.sqrt(np.sum(x[i:i + bucket].astype(np.float64) ** 2)) for i in range(0, size, bucket)]
+    np.testing.assert_allclose(norms, np.array(naive, np.float32), rtol=1e-6)
+    if norms.size > 8:  # buckets that send level 0, and a tiny norm (levels near the top)
+        norms[3], norms[4], norms[5], norms[6], norms[7] = 0, np.nan, np.inf, 1e-30, -1
+    packed = tfgc_ops.qsgd_encode(x, norms, SEED, bits, bucket).numpy()
+    codes = ref.qsgd_codes(x, norms, SEED, bits, bucket)
+    np.testing.assert_array_equal(packed, ref.pack_bits(codes, bits))
+    decoded = tfgc_ops.qsgd_decode(packed, norms, size, bits, bucket).numpy()
+    np.testing.assert_array_equal(decoded, ref.qsgd_values(codes, norms, bits, bucket))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_stochastic_ternary_fold_matches_the_reference(rng, size):
+    x = values(rng, size)
+    largest = float(np.abs(x).max()) if size else 1.0
+    for scale in (largest, largest / 3, 0.0, float("nan")):
+        fold = tfgc_ops.stochastic_ternary_fold(x, scale, SEED).numpy()
+        expected = ref.quartic_encode(ref.stochastic_ternary(x, scale, SEED))
+        np.testing.assert_array_equal(fold, expected)
+        unfolded = tfgc_ops.quartic_unfold(fold, size, 1.0).numpy()
+        np.testing.assert_array_equal(unfolded, ref.stochastic_ternary(x, scale, SEED))
+
+
+def test_draws_are_uniform_and_depend_on_the_seed_only():
+    u = ref.uniform_draws([3, 4], 1_000_000)
+    assert 0.0 <= u.min() and u.max() < 1.0
+    counts = np.histogram(u, bins=100, range=(0, 1))[0]
+    # 10,000 expected per bin: a binomial standard deviation of ~99.5; allow 6 of them.
+    assert np.abs(counts - 10_000).max() < 600, counts
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01  # neighbours independent
+    assert not np.array_equal(u[:1000], ref.uniform_draws([3, 5], 1000))
+    assert not np.array_equal(u[:1000], ref.uniform_draws([4, 4], 1000))
+    # Through the op: the same seed, the same bytes, eagerly and traced.
+    x = np.linspace(-1, 1, 1001, dtype=np.float32)
+    traced = tf.function(lambda x: tfgc_ops.stochastic_ternary_fold(x, 1.0, SEED))
+    np.testing.assert_array_equal(traced(x).numpy(),
+                                  tfgc_ops.stochastic_ternary_fold(x, 1.0, SEED).numpy())
+
+
+def test_stochastic_rounding_is_unbiased():
+    # Level probabilities are exact to 2^-24: the mean of many roundings is the value.
+    x = np.array([0.3, -0.7, 0.05, 1.0, 0.0], np.float32)
+    norms = np.array([1.0], np.float32)
+    total = np.zeros(5)
+    for s in range(2000):
+        packed = tfgc_ops.qsgd_encode(x, norms, [s, 1], 2, 8)
+        total += tfgc_ops.qsgd_decode(packed, norms, 5, 2, 8).numpy()
+    np.testing.assert_allclose(total / 2000, x, atol=5 * 0.5 / np.sqrt(2000))
+
+
+def test_qsgd_decode_checks_sizes_before_allocating():
+    norms = np.ones(1, np.float32)
+    packed = np.zeros(3, np.uint8)  # 6 codes of 4 bits
+    with pytest.raises(tf.errors.InvalidArgumentError, match="do not hold exactly 7 codes"):
+        tfgc_ops.qsgd_decode(packed, norms, 7, 4, 512)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="do not hold exactly"):
+        tfgc_ops.qsgd_decode(packed, norms, 2**62, 4, 512)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="do not hold exactly"):
+        tfgc_ops.qsgd_decode(packed, norms, -1, 4, 512)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="need 2 norms, got 1"):
+        tfgc_ops.qsgd_decode(packed, norms, 6, 4, 4)
+    assert tfgc_ops.qsgd_decode(packed, norms, 6, 4, 512).numpy().tolist() == [0.0] * 6
+
+
+def test_ops_refuse_bad_input():
+    x = np.ones(10, np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="need 1 norms, got 2"):
+        tfgc_ops.qsgd_encode(x, np.ones(2, np.float32), SEED, 4, 512)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="seed must be 2 int64"):
+        tfgc_ops.qsgd_encode(x, np.ones(1, np.float32), [1, 2, 3], 4, 512)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bits must be in"):
+        tfgc_ops.qsgd_encode(x, np.ones(1, np.float32), SEED, 9, 512)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bucket_size must be"):
+        tfgc_ops.qsgd_norms(x, 0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="1-D"):
+        tfgc_ops.stochastic_ternary_fold(np.ones([2, 5], np.float32), 1.0, SEED)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="scale must be a scalar"):
+        tfgc_ops.stochastic_ternary_fold(x, [1.0, 2.0], SEED)
