@@ -20,6 +20,12 @@ inline absl::Status VectorInOut(shape_inference::InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// Shape function of an op whose one output is 1-D of a length its inputs' values give.
+inline absl::Status UnknownVectorOut(shape_inference::InferenceContext* c) {
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  return absl::OkStatus();
+}
+
 // OK if `t` is 1-D, else InvalidArgument naming the op.
 inline absl::Status CheckVector(const Tensor& t, const char* op) {
   if (!TensorShapeUtils::IsVector(t.shape())) {

@@ -62,10 +62,7 @@ REGISTER_OP("Tfgc>QuarticUnfold")
     .Input("n: int64")
     .Input("scale: float")
     .Output("values: float")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(UnknownVectorOut)
     .Doc(R"doc(
 Inverse of QuarticFold: the n values q * scale held by exactly ceil(n / 5) bytes.
 )doc");

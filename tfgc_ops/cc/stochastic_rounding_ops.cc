@@ -70,10 +70,7 @@ REGISTER_OP("Tfgc>QsgdDecode")
     .Attr("bits: int")
     .Attr("bucket_size: int")
     .Output("values: float")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(UnknownVectorOut)
     .Doc(R"doc(
 Inverse of QsgdEncode: the n values (+-level * norm) / levels. packed must hold exactly
 ceil(n * bits / 8) bytes and norms one value per bucket.
@@ -117,13 +114,31 @@ class QsgdNormsOp : public OpKernel {
   int64_t bucket_;
 };
 
-class QsgdEncodeOp : public OpKernel {
+// QsgdEncode and QsgdDecode: their attributes, checked once, and the norms check.
+class QsgdKernel : public OpKernel {
  public:
-  explicit QsgdEncodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  QsgdKernel(OpKernelConstruction* ctx, const char* op) : OpKernel(ctx), op_(op) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("bits", &bits_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_size", &bucket_));
-    OP_REQUIRES_OK(ctx, CheckQsgdSettings(bucket_, bits_, "qsgd_encode"));
+    OP_REQUIRES_OK(ctx, CheckQsgdSettings(bucket_, bits_, op));
   }
+
+ protected:
+  // OK if `norms` holds one value per bucket of n values.
+  absl::Status CheckNorms(const Tensor& norms, int64_t n) const {
+    if (norms.NumElements() == BucketsFor(n, bucket_)) return absl::OkStatus();
+    return errors::InvalidArgument(op_, ": ", n, " values in buckets of ", bucket_, " need ",
+                                   BucketsFor(n, bucket_), " norms, got ", norms.NumElements());
+  }
+
+  const char* op_;
+  int bits_;
+  int64_t bucket_;
+};
+
+class QsgdEncodeOp : public QsgdKernel {
+ public:
+  explicit QsgdEncodeOp(OpKernelConstruction* ctx) : QsgdKernel(ctx, "qsgd_encode") {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
@@ -133,10 +148,7 @@ class QsgdEncodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckVector(norms, "qsgd_encode"));
     OP_REQUIRES_OK(ctx, CheckSeed(seed, "qsgd_encode"));
     const int64_t n = x.NumElements();
-    OP_REQUIRES(ctx, norms.NumElements() == BucketsFor(n, bucket_),
-                errors::InvalidArgument("qsgd_encode: ", n, " values in buckets of ", bucket_,
-                                        " need ", BucketsFor(n, bucket_), " norms, got ",
-                                        norms.NumElements()));
+    OP_REQUIRES_OK(ctx, CheckNorms(norms, n));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
         0, TensorShape({::tfgc::bit_packing::PackedSize(n, bits_)}), &output));
@@ -152,19 +164,11 @@ class QsgdEncodeOp : public OpKernel {
                      std::min(n, (b + 1) * kValuesPerBlock), out);
     });
   }
-
- private:
-  int bits_;
-  int64_t bucket_;
 };
 
-class QsgdDecodeOp : public OpKernel {
+class QsgdDecodeOp : public QsgdKernel {
  public:
-  explicit QsgdDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("bits", &bits_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_size", &bucket_));
-    OP_REQUIRES_OK(ctx, CheckQsgdSettings(bucket_, bits_, "qsgd_decode"));
-  }
+  explicit QsgdDecodeOp(OpKernelConstruction* ctx) : QsgdKernel(ctx, "qsgd_decode") {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& packed = ctx->input(0);
@@ -181,10 +185,7 @@ class QsgdDecodeOp : public OpKernel {
                 errors::InvalidArgument("qsgd_decode: ", packed.NumElements(),
                                         " bytes do not hold exactly ", n, " codes of ", bits_,
                                         " bits"));
-    OP_REQUIRES(ctx, norms.NumElements() == BucketsFor(n, bucket_),
-                errors::InvalidArgument("qsgd_decode: ", n, " values in buckets of ", bucket_,
-                                        " need ", BucketsFor(n, bucket_), " norms, got ",
-                                        norms.NumElements()));
+    OP_REQUIRES_OK(ctx, CheckNorms(norms, n));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &output));
     const uint8_t* in = packed.flat<uint8>().data();
@@ -197,10 +198,6 @@ class QsgdDecodeOp : public OpKernel {
                      std::min(n, (b + 1) * kValuesPerBlock), out);
     });
   }
-
- private:
-  int bits_;
-  int64_t bucket_;
 };
 
 class StochasticTernaryFoldOp : public OpKernel {
