@@ -79,6 +79,45 @@ def test_sparse_linear_models_table_iii_losses(loss):
     assert 0.0 <= model.accuracy(xs, y).numpy() <= 1.0
 
 
+@pytest.mark.parametrize("loss", ["linear", "logistic", "svm"])
+def test_sparse_keras_model_matches_the_module(loss):
+    # The tf_keras model models.train trains: the same margins, loss (its L2 penalty
+    # through add_loss) and gradient as SparseLinearModel, the gradient sparse with one
+    # row per distinct feature; a row without features gets the bias alone.
+    import scipy.sparse
+    import tensorflow as tf
+
+    from models import sparse_models
+
+    x = scipy.sparse.csr_matrix(np.array(
+        [[1.0, 0, 2.0, 0], [0, 0.5, 2.0, 0], [0, 0, 0, 0]], np.float32))
+    y = np.array([1.0, -1.0, 1.0], np.float32)
+    w = np.array([0.3, -0.2, 0.1, 5.0], np.float32)
+    module = sparse_models.SparseLinearModel(4, loss=loss, l2=0.01)
+    model = sparse_models.keras_model(4, l2=0.01)
+    module.w.assign(w)
+    module.b.assign(0.05)
+    model.set_weights([w, np.float32(0.05)])
+    coo = x.tocoo()
+    margin = model(tf.SparseTensor(np.stack([coo.row, coo.col], 1).astype(np.int64), coo.data,
+                                   x.shape))
+    np.testing.assert_allclose(margin.numpy(), x @ w + 0.05, rtol=1e-6)
+    assert sparse_models.accuracy(y, margin).numpy() == pytest.approx(2 / 3)  # row 1 wrong
+
+    rows = sparse_models.to_sparse_tensor(x[:2])  # the module needs a feature per row
+    with tf.GradientTape() as tape:
+        value = sparse_models.keras_loss(loss)(y[:2], model(rows)) + tf.add_n(model.losses)
+    with tf.GradientTape() as module_tape:
+        expected = module.loss(rows, y[:2])
+    np.testing.assert_allclose(value.numpy(), expected.numpy(), rtol=1e-5)
+    grad = tape.gradient(value, model.trainable_variables[0])
+    assert isinstance(grad, tf.IndexedSlices)
+    assert sorted(grad.indices.numpy().tolist()) == [0, 1, 2]  # each feature once
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                               tf.convert_to_tensor(module_tape.gradient(expected, module.w)).numpy(),
+                               rtol=1e-5, atol=1e-7)
+
+
 def test_fastsgd_mlp_shape():
     from models import sparse_models
 
