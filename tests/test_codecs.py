@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+import tfgc_ops
 from tfgc.codecs import fastsgd
 
 C = tfgc.codecs
@@ -413,6 +414,8 @@ def test_logquant_levels_decode_to_exact_powers_of_two(bits):
     levels = np.arange(2 ** (bits - 1), dtype=np.int32)
     codes = np.concatenate([levels, levels | (1 << (bits - 1))])  # both signs
     for scale in (1.0, 2.0 ** 100):
-        values = C.LogQuant(bits)._values(tf.constant(codes), tf.constant(scale)).numpy()
+        payload = {"data": tfgc_ops.pack_bits(codes, bits), "scale": tf.constant(scale),
+                   "dtype": tf.zeros([0]), "shape": tf.constant([codes.size])}
+        values = C.LogQuant(bits).decode(payload).numpy()
         magnitude = np.where(levels > 0, np.ldexp(np.float32(scale), 1 - levels), 0.0)
         np.testing.assert_array_equal(values, np.concatenate([magnitude, -magnitude]))

@@ -18,7 +18,8 @@ import tensorflow as tf
 __all__ = ["largest_magnitude", "quartic_fold", "quartic_unfold", "zero_run_encode",
            "zero_run_decode", "quartic_entropy_encode", "quartic_entropy_decode", "pack_keys",
            "unpack_keys", "check_flag_bits", "pack_bits", "unpack_bits", "qsgd_norms",
-           "qsgd_encode", "qsgd_decode", "stochastic_ternary_fold", "library_path"]
+           "qsgd_encode", "qsgd_decode", "stochastic_ternary_fold", "log_levels_decode",
+           "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
@@ -187,6 +188,21 @@ def stochastic_ternary_fold(x, scale, seed):
     return _ops.tfgc_stochastic_ternary_fold(tf.convert_to_tensor(x, tf.float32),
                                              tf.convert_to_tensor(scale, tf.float32),
                                              tf.cast(seed, tf.int64))
+
+
+def log_levels_decode(packed, scale, n, bits):
+    """LogQuant's n float32 values from sign-level codes packed `bits` bits each.
+
+    Level m = 0 is 0 and m >= 1 is +-scale * 2^(1 - m); a scale that is not finite gives
+    +-scale everywhere (`reference.log_levels_values`).
+
+    Raises:
+      tf.errors.InvalidArgumentError: `packed` does not hold exactly n codes (checked
+        before anything is allocated), or bits outside 2..8.
+    """
+    return _ops.tfgc_log_levels_decode(_as_bytes(packed, "log_levels_decode"),
+                                       tf.convert_to_tensor(scale, tf.float32),
+                                       tf.cast(n, tf.int64), bits=int(bits))
 
 
 def zero_run_encode(quartic):

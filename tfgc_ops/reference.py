@@ -342,3 +342,14 @@ def stochastic_ternary(x, scale, seed):
         return np.zeros(x.size, np.int8)
     keep = uniform_draws(seed, x.size) < np.abs(x) * (np.float32(1) / np.float32(scale))
     return np.where(keep, np.sign(x), 0).astype(np.int8)
+
+
+def log_levels_values(codes, scale, bits):
+    """LogQuant's float32 values of sign-level `codes` (see `tfgc_ops.log_levels_decode`)."""
+    codes = np.asarray(codes, np.int32)
+    level = codes & ((1 << (bits - 1)) - 1)
+    scale = np.float32(scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        magnitude = np.where(level > 0, scale * np.ldexp(np.float32(1), 1 - level), np.float32(0))
+    magnitude = magnitude.astype(np.float32) if np.isfinite(scale) else np.full(codes.shape, scale)
+    return np.where(codes >> (bits - 1) > 0, -magnitude, magnitude).astype(np.float32)

@@ -20,13 +20,6 @@ def join_sign(negative, level, bits):
     return sign | tf.cast(level, tf.int32)
 
 
-def split_sign(codes, bits):
-    """Inverse of `join_sign`: (negative as bool, level as float32)."""
-    negative = tf.bitwise.right_shift(codes, bits - 1) > 0
-    level = codes & (tf.bitwise.left_shift(1, bits - 1) - 1)
-    return negative, tf.cast(level, tf.float32)
-
-
 def pack_bits(codes, bits):
     """Integer codes in [0, 2^bits), any shape -> uint8 of ceil(n * bits / 8) bytes."""
     return tfgc_ops.pack_bits(tf.reshape(tf.cast(codes, tf.int32), [-1]), bits)

@@ -1,6 +1,7 @@
 """Logarithmic quantization (LogQuant, Miyashita et al. 2016): signed powers of two."""
 import tensorflow as tf
 
+import tfgc_ops
 from tfgc.codecs import base, bitpack, quantize
 
 
@@ -31,13 +32,16 @@ class LogQuant(base.ReconstructingCodec):
         x = base.check_floating(x, self.name)
         codes, full_scale, finite = self._codes(x)
         scale = base.nan_unless(finite, tf.pow(2.0, full_scale))
+        data = bitpack.pack_bits(codes, self.bits)
         payload = {
-            "data": bitpack.pack_bits(codes, self.bits),
+            "data": data,
             "scale": scale,
             "dtype": tf.zeros([0], x.dtype),
             "shape": base.shape_of(x),
         }
-        return payload, tf.cast(tf.reshape(self._values(codes, scale), tf.shape(x)), x.dtype)
+        # The receiver's decoding of the sent bytes, by construction.
+        values = tfgc_ops.log_levels_decode(data, scale, tf.size(x), self.bits)
+        return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
     def _signed_levels(self, x):
         """(int32 codes, the full-scale exponent fsr, all finite) of `x`."""
@@ -53,20 +57,10 @@ class LogQuant(base.ReconstructingCodec):
 
     def decode(self, payload):
         shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        data = base.check_size(payload["data"], bitpack.packed_size(n, self.bits), self.name)
-        values = self._values(bitpack.unpack_bits(data, self.bits, n), payload["scale"])
+        # One pass of C++: level m >= 1 is +-scale * 2^(1 - m), 0 is 0.
+        values = tfgc_ops.log_levels_decode(payload["data"], payload["scale"],
+                                            tf.reduce_prod(shape), self.bits)
         return tf.reshape(tf.cast(values, payload["dtype"].dtype), base.static_shape(shape))
-
-    def _values(self, codes, scale):
-        negative, level = bitpack.split_sign(codes, self.bits)
-        # 2^(1 - level) built from its exponent bits (level <= 127: a normal float), exact
-        # as tf.pow's is but without a pow per value.
-        power = tf.bitcast(tf.bitwise.left_shift(128 - tf.cast(level, tf.int32), 23), tf.float32)
-        magnitude = tf.where(level > 0, scale * power, 0.0)
-        magnitude = tf.where(tf.math.is_finite(scale), magnitude, scale)  # NaN scale: all NaN
-        return tf.where(negative, -magnitude, magnitude)
-
 
 def _log2(x):
     return tf.math.log(x) / tf.math.log(2.0)

@@ -1,5 +1,5 @@
-"""The stochastic-rounding ops (QSGD's codes, 3LC's stochastic 3-values) against the
-numpy reference, and their input checks."""
+"""The quantizers' one-pass ops against the numpy reference, and their input checks:
+stochastic rounding (QSGD's codes, 3LC's stochastic 3-values) and LogQuant's decoder."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -99,3 +99,27 @@ def test_ops_refuse_bad_input():
         tfgc_ops.stochastic_ternary_fold(np.ones([2, 5], np.float32), 1.0, SEED)
     with pytest.raises(tf.errors.InvalidArgumentError, match="scale must be a scalar"):
         tfgc_ops.stochastic_ternary_fold(x, [1.0, 2.0], SEED)
+
+
+# --- LogQuant's decoder (log_levels_decode) ------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_log_levels_decode_matches_the_reference(rng, size, bits):
+    codes = rng.integers(0, 1 << bits, size).astype(np.int32)
+    packed = ref.pack_bits(codes, bits)
+    # Scales whose every power is a normal float (TensorFlow flushes subnormals to 0).
+    for scale in (1.0, 1.5, 2.0**100, 3e38, float("nan"), float("inf"), 0.0):
+        decoded = tfgc_ops.log_levels_decode(packed, scale, size, bits).numpy()
+        np.testing.assert_array_equal(decoded, ref.log_levels_values(codes, scale, bits))
+
+
+def test_log_levels_decode_checks_sizes_before_allocating():
+    packed = np.zeros(3, np.uint8)  # 6 codes of 4 bits
+    for n in (7, -1, 2**62):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="do not hold exactly"):
+            tfgc_ops.log_levels_decode(packed, 1.0, n, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bits must be in"):
+        tfgc_ops.log_levels_decode(packed, 1.0, 24, 1)
+    assert tfgc_ops.log_levels_decode(packed, 1.0, 6, 4).numpy().tolist() == [0.0] * 6
