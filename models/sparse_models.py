@@ -72,12 +72,18 @@ class SparseLinearModel(tf.Module):
         return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.cast(y, tf.float32)), tf.float32))
 
 
-def to_sparse_tensor(csr):
-    """A scipy CSR matrix (every row with at least one feature) -> tf.SparseTensor."""
+def to_sparse_tensor(csr, allow_empty_rows=False):
+    """A scipy CSR matrix -> tf.SparseTensor, indices in canonical (row-major) order.
+
+    Args:
+      csr: the matrix.
+      allow_empty_rows: rows without features are fine (`SparseLinear` gives them the
+        bias); `SparseLinearModel` needs a feature in every row.
+    """
     coo = csr.tocoo()
     order = np.lexsort((coo.col, coo.row))
     indices = np.stack([coo.row[order], coo.col[order]], axis=1).astype(np.int64)
-    if len(np.unique(coo.row)) != csr.shape[0]:
+    if not allow_empty_rows and len(np.unique(coo.row)) != csr.shape[0]:
         raise ValueError("every row needs at least one feature (drop empty rows first)")
     return tf.SparseTensor(indices, coo.data[order].astype(np.float32), csr.shape)
 
@@ -159,10 +165,8 @@ def accuracy(y_true, margin):
 
 def sparse_dataset(data, batch_size, seed=0, shuffle=True, repeat=True):
     """A tf.data pipeline of (sparse batch [batch_size, D], labels) from `SparseData`."""
-    coo = data.x.tocoo()
-    order = np.lexsort((coo.col, coo.row))  # tf.data slices canonically ordered indices
-    x = tf.SparseTensor(np.stack([coo.row[order], coo.col[order]], axis=1).astype(np.int64),
-                        coo.data[order].astype(np.float32), data.x.shape)
+    # tf.data slices canonically ordered indices.
+    x = to_sparse_tensor(data.x, allow_empty_rows=True)
     ds = tf.data.Dataset.from_tensor_slices((x, data.y.astype(np.float32)))
     if shuffle:
         ds = ds.shuffle(data.x.shape[0], seed=seed, reshuffle_each_iteration=True)

@@ -169,7 +169,7 @@ def for_model(name):
     """The workload class of a `--model` name."""
     if name in sparse_models.LOSSES:
         return SparseWorkload
-    if name[len("resnet"):].isdigit() and name.startswith("resnet") or name == "mqgrad_cnn":
+    if name == "mqgrad_cnn" or (name.startswith("resnet") and name[len("resnet"):].isdigit()):
         return ImageWorkload
     raise ValueError(f"unknown model {name!r}; use {IMAGE_MODELS}, or a sparse linear "
                      f"model: {', '.join(sparse_models.LOSSES)}")

@@ -4,7 +4,6 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "bit_packing.h"
 #include "log_levels.h"
 #include "op_util.h"
 
@@ -40,18 +39,11 @@ class LogLevelsDecodeOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& packed = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckVector(packed, "log_levels_decode"));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(1).shape()) &&
-                         TensorShapeUtils::IsScalar(ctx->input(2).shape()),
-                errors::InvalidArgument("log_levels_decode: scale and n must be scalars"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(1), "log_levels_decode", "scale"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(2), "log_levels_decode", "n"));
     const float scale = ctx->input(1).scalar<float>()();
     const int64_t n = ctx->input(2).scalar<int64_t>()();
-    namespace bp = ::tfgc::bit_packing;
-    // Checked against the bytes held before anything is allocated.
-    OP_REQUIRES(ctx, n >= 0 && n <= bp::MaxCodes(packed.NumElements(), bits_) &&
-                         bp::PackedSize(n, bits_) == packed.NumElements(),
-                errors::InvalidArgument("log_levels_decode: ", packed.NumElements(),
-                                        " bytes do not hold exactly ", n, " codes of ", bits_,
-                                        " bits"));
+    OP_REQUIRES_OK(ctx, CheckPackedCount(packed.NumElements(), n, bits_, "log_levels_decode"));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &output));
     const uint8_t* in = packed.flat<uint8>().data();

@@ -7,6 +7,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "bit_packing.h"
 #include "zero_run.h"
 
 namespace tensorflow {
@@ -33,6 +34,26 @@ inline absl::Status CheckVector(const Tensor& t, const char* op) {
                                    t.shape().DebugString());
   }
   return absl::OkStatus();
+}
+
+// OK if `t` is a scalar, else InvalidArgument naming the op and `what` it is.
+inline absl::Status CheckScalar(const Tensor& t, const char* op, const char* what) {
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return errors::InvalidArgument(op, ": ", what, " must be a scalar, got shape ",
+                                   t.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+// OK if `size` bytes hold exactly n codes of `bits` bits (checked without overflow, so
+// before anything of n elements is allocated), else InvalidArgument naming the op.
+inline absl::Status CheckPackedCount(int64_t size, int64_t n, int bits, const char* op) {
+  namespace bp = ::tfgc::bit_packing;
+  if (n >= 0 && n <= bp::MaxCodes(size, bits) && bp::PackedSize(n, bits) == size) {
+    return absl::OkStatus();
+  }
+  return errors::InvalidArgument(op, ": ", size, " bytes do not hold exactly ", n,
+                                 " codes of ", bits, " bits");
 }
 
 // OK if every byte of in[0, n) is a quartic byte (0..242), else InvalidArgument naming

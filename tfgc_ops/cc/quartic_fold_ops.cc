@@ -25,14 +25,6 @@ absl::Status ScalarOut(shape_inference::InferenceContext* c) {
   return absl::OkStatus();
 }
 
-absl::Status CheckScalar(const Tensor& t, const char* op, const char* what) {
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return errors::InvalidArgument(op, ": ", what, " must be a scalar, got shape ",
-                                   t.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 REGISTER_OP("Tfgc>LargestMagnitude")

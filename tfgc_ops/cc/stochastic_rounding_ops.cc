@@ -176,15 +176,9 @@ class QsgdDecodeOp : public QsgdKernel {
     const Tensor& count = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckVector(packed, "qsgd_decode"));
     OP_REQUIRES_OK(ctx, CheckVector(norms, "qsgd_decode"));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(count.shape()),
-                errors::InvalidArgument("qsgd_decode: n must be a scalar"));
+    OP_REQUIRES_OK(ctx, CheckScalar(count, "qsgd_decode", "n"));
     const int64_t n = count.scalar<int64_t>()();
-    // Checked against the bytes held before anything is allocated.
-    OP_REQUIRES(ctx, n >= 0 && n <= ::tfgc::bit_packing::MaxCodes(packed.NumElements(), bits_) &&
-                         ::tfgc::bit_packing::PackedSize(n, bits_) == packed.NumElements(),
-                errors::InvalidArgument("qsgd_decode: ", packed.NumElements(),
-                                        " bytes do not hold exactly ", n, " codes of ", bits_,
-                                        " bits"));
+    OP_REQUIRES_OK(ctx, CheckPackedCount(packed.NumElements(), n, bits_, "qsgd_decode"));
     OP_REQUIRES_OK(ctx, CheckNorms(norms, n));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &output));
@@ -208,8 +202,7 @@ class StochasticTernaryFoldOp : public OpKernel {
     const Tensor& x = ctx->input(0);
     const Tensor& seed = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckVector(x, "stochastic_ternary_fold"));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(1).shape()),
-                errors::InvalidArgument("stochastic_ternary_fold: scale must be a scalar"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(1), "stochastic_ternary_fold", "scale"));
     OP_REQUIRES_OK(ctx, CheckSeed(seed, "stochastic_ternary_fold"));
     const float scale = ctx->input(1).scalar<float>()();
     const int64_t n = x.NumElements();
