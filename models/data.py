@@ -498,3 +498,51 @@ def synthetic_sparse(num_examples=10000, num_features=2**20, nnz_per_example=50,
     margin = margin + noise * margin.std() * rng.normal(size=num_examples)
     y = np.where(margin >= 0, 1.0, -1.0).astype(np.float32)
     return SparseData(x, y, "synthetic_sparse")
+
+
+def debian_packages_for(name, allow_substitute=False):
+    """The Debian packages that loading dataset `name` may fetch."""
+    if name in SPARSE_DATASETS:
+        return ["weka"]
+    fashion_installed = all(os.path.exists(os.path.join(_FASHION_SYSTEM_DIR, f))
+                            for f in _FASHION_FILES.values())
+    if not fashion_installed and (
+            name == "fashion_mnist" or (name in _CIFAR_ARCHIVES and allow_substitute)):
+        return ["dataset-fashion-mnist"]
+    return []
+
+
+def prefetch(name, allow_substitute=False):
+    """Fetches the Debian packages dataset `name` may need into the cache, now.
+
+    For a process about to enter a private network namespace (`tfgc.cluster.isolate`),
+    where no package registry can be reached. A package that cannot be fetched is only
+    reported here: loading the dataset later raises (or substitutes) as it would anyway.
+    """
+    for package in debian_packages_for(name, allow_substitute):
+        try:
+            debian_package_dir(package)
+        except DataUnavailableError as error:
+            print(f"[models.data] {error}", file=sys.stderr)
+
+
+def main(argv=None):
+    """``python -m models.data fetch PACKAGE...``: fetches Debian packages into the cache.
+
+    `make test` runs it before the suite enters its private network namespace, from
+    which no package registry can be reached.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m models.data",
+                                     description=main.__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    fetch = commands.add_parser("fetch", help="fetch Debian packages into the cache")
+    fetch.add_argument("packages", nargs="+", help='e.g. "weka" (the Reuters documents)')
+    args = parser.parse_args(argv)
+    for package in args.packages:
+        print(f"{package}: {debian_package_dir(package)}")
+
+
+if __name__ == "__main__":
+    main()

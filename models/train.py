@@ -63,6 +63,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from models import data as data_lib  # noqa: E402
 from models import supervise, workloads  # noqa: E402
 from models.recorder import HISTORY_FIELDS, recorder_classes  # noqa: E402
 from models.train_args import build_parser, parse_compression  # noqa: E402
@@ -265,7 +266,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     started = time.monotonic()
     try:
         model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                  callbacks=callbacks, verbose=args.verbose)
+                  callbacks=callbacks,
+                  verbose=args.verbose if args.verbose == "auto" else int(args.verbose))
     except tf.errors.OpError as error:
         dead = _dead_task(cluster)
         if dead is None:
@@ -409,9 +411,12 @@ def main(argv=None):
     if args.bandwidth and args.strategy != "ps":
         parser.error("--bandwidth applies to --strategy ps")
     if args.strategy != "local" and not args.tf_config and not args._worker:
-        # This process starts a local cluster: keep it unreachable from other hosts.
+        # This process starts a local cluster: keep it unreachable from other hosts. The
+        # namespace reaches no package registry, so the data is fetched first.
         from tfgc import cluster
 
+        if not cluster.in_private_network():
+            data_lib.prefetch(args.dataset, getattr(args, "allow_substitute", False))
         cluster.isolate()
     # A SIGTERM becomes a normal exit, so clusters and workers are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -113,7 +113,9 @@ def build_parser():
     add("--out", default=None, help="output directory (default: runs/<name>)")
     add("--timeout", type=float, default=1800,
         help="cluster processes exit after this many seconds")
-    add("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
+    add("--verbose", default="auto", choices=("auto", "0", "1", "2"),
+        help="Keras fit verbosity (auto: a progress bar, one line per epoch under "
+             "parameter servers, which refuse the bar)")
     add("--tf-config", action="store_true",
         help="use the cluster in $TF_CONFIG instead of starting local processes (ps: run "
              "this as the chief task; mwms: run this in every worker task)")

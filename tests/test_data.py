@@ -214,6 +214,36 @@ def test_debian_package_dir_is_cached(tmp_path, monkeypatch):
     assert data.debian_package_dir("somepkg", root=str(tmp_path)) == str(target)
 
 
+def test_debian_packages_for_each_dataset(monkeypatch):
+    monkeypatch.setattr(data, "_FASHION_SYSTEM_DIR", "/nonexistent")
+    assert data.debian_packages_for("reuters_corn") == ["weka"]
+    assert data.debian_packages_for("fashion_mnist") == ["dataset-fashion-mnist"]
+    assert data.debian_packages_for("cifar10", allow_substitute=True) == ["dataset-fashion-mnist"]
+    assert data.debian_packages_for("cifar10") == []
+    assert data.debian_packages_for("digits") == []
+    assert data.debian_packages_for("libsvm:/some/file") == []
+
+
+def test_prefetch_fetches_and_only_reports_a_failure(monkeypatch, capsys):
+    fetched = []
+
+    def fetch(package, root=None):
+        fetched.append(package)
+        raise data.DataUnavailableError(f"no registry for {package}")
+
+    monkeypatch.setattr(data, "debian_package_dir", fetch)
+    data.prefetch("reuters_grain")  # loading reports the failure later, as it would anyway
+    assert fetched == ["weka"]
+    assert "no registry for weka" in capsys.readouterr().err
+
+
+def test_fetch_command_unpacks_into_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(data, "debian_package_dir", lambda package: f"{tmp_path}/{package}")
+    data.main(["fetch", "weka", "dataset-fashion-mnist"])
+    assert capsys.readouterr().out.split() == [
+        "weka:", f"{tmp_path}/weka", "dataset-fashion-mnist:", f"{tmp_path}/dataset-fashion-mnist"]
+
+
 def test_substitute_falls_back_to_digits_without_fashion_mnist(tmp_path, monkeypatch):
     def unavailable(root=None):
         raise data.DataUnavailableError("no apt here")
