@@ -93,6 +93,48 @@ def test_zero_run_decode_is_total(blob):
     np.testing.assert_array_equal(tfgc_ops.zero_run_decode(again).numpy(), decoded)
 
 
+def ternary_quartic_bytes(rng, n, nonzero):
+    """Quartic bytes of 5n 3-values, each nonzero with probability `nonzero` (3LC's data)."""
+    values = rng.choice(3, size=(n, 5), p=[nonzero / 2, 1 - nonzero, nonzero / 2])
+    return (values @ np.array([81, 27, 9, 3, 1])).astype(np.uint8)
+
+
+def test_zero_run_matches_reference_at_every_length_and_density(rng):
+    # The SIMD loops stop 16-24 bytes before the end and hand over to the scalar loop:
+    # every length up to a few vectors, at densities from sparse (long runs) to dense.
+    for nonzero in (0.01, 0.05, 0.15, 0.3, 0.6):
+        for n in list(range(0, 80)) + [255, 256, 257, 4099]:
+            data = ternary_quartic_bytes(rng, n, nonzero)
+            encoded = tfgc_ops.zero_run_encode(data).numpy()
+            np.testing.assert_array_equal(encoded, reference.zero_run_encode(data))
+            np.testing.assert_array_equal(tfgc_ops.zero_run_decode(encoded).numpy(), data)
+
+
+def test_zero_run_scalar_fallback_writes_the_same_bytes(rng, tmp_path, monkeypatch, run_python):
+    # TFGC_ZERO_RUN_ISA=scalar makes a process take the portable loops that CPUs without
+    # SSSE3 run; they must write what the SIMD loops of this process write.
+    arrays = {f"p{nonzero}": ternary_quartic_bytes(rng, 100_003, nonzero)
+              for nonzero in (0.01, 0.05, 0.15, 0.3, 0.6)}
+    arrays["edge"] = np.array([121] * 37 + [0] + [121] * 29 + [242] * 20, np.uint8)
+    np.savez(tmp_path / "data.npz", **arrays)
+    monkeypatch.setenv("TFGC_ZERO_RUN_ISA", "scalar")
+    run_python(f"""
+import numpy as np
+import tfgc_ops
+data = np.load({str(tmp_path / "data.npz")!r})
+out = {{}}
+for name in data.files:
+    out[name + "_enc"] = tfgc_ops.zero_run_encode(data[name]).numpy()
+    out[name + "_dec"] = tfgc_ops.zero_run_decode(out[name + "_enc"]).numpy()
+np.savez({str(tmp_path / "scalar.npz")!r}, **out)
+""", timeout=120)
+    scalar = np.load(tmp_path / "scalar.npz")
+    for name, data in arrays.items():
+        encoded = tfgc_ops.zero_run_encode(data).numpy()
+        np.testing.assert_array_equal(scalar[name + "_enc"], encoded)
+        np.testing.assert_array_equal(scalar[name + "_dec"], data)
+
+
 # --- key packing ---------------------------------------------------------------------
 
 

@@ -1,11 +1,10 @@
 #include "zero_run.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "zero_run_paths.h"
 
 namespace tfgc {
 namespace zero_run {
@@ -67,11 +66,13 @@ int64_t WriteRun(int64_t k, uint8_t* out) {
 
 }  // namespace
 
-int64_t EncodeSerial(const uint8_t* in, int64_t n, uint8_t* out) {
+namespace internal {
+
+int64_t EncodeScalar(const uint8_t* in, int64_t n, uint8_t* out, EncodeState state) {
   // Invariant: o plus one byte for a pending run never exceeds i, so writes at out[o]
   // and out[o + 1] stay inside out while i <= n - 2.
-  int64_t i = 0, o = 0;
-  uint64_t run = 0;
+  int64_t i = state.i, o = state.o;
+  uint64_t run = state.run;
   while (i + 9 <= n) {
     uint64_t word;
     std::memcpy(&word, in + i, 8);
@@ -124,6 +125,8 @@ int64_t EncodeSerial(const uint8_t* in, int64_t n, uint8_t* out) {
   return o;
 }
 
+}  // namespace internal
+
 int64_t FindInvalidByte(const uint8_t* in, int64_t n) {
   constexpr int64_t kChunk = 4096;
   for (int64_t start = 0; start < n; start += kChunk) {
@@ -140,6 +143,7 @@ int64_t FindInvalidByte(const uint8_t* in, int64_t n) {
 }
 
 int64_t DecodedSize(const uint8_t* in, int64_t n) {
+  if (SelectedIsa() == Isa::kSsse3) return internal::DecodedSizeSsse3(in, n);
   int64_t size = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t b = in[i];
@@ -148,32 +152,21 @@ int64_t DecodedSize(const uint8_t* in, int64_t n) {
   return size;
 }
 
-void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
+namespace internal {
+
+void DecodeScalar(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size,
+                  DecodeState state) {
   static constexpr uint8_t kSixteenZeroGroups[16] = {121, 121, 121, 121, 121, 121, 121, 121,
                                                      121, 121, 121, 121, 121, 121, 121, 121};
-  auto decode_one = [&](uint8_t b, int64_t& o) {
-    // Branch-free: store a whole run of 121s, put the byte itself first if it is a
-    // literal, advance by its decoded length. Needs 16 bytes of room at o.
+  int64_t i = state.i, o = state.o;
+  // Branch-free while 16 bytes of room are left: store a whole run of 121s, put the byte
+  // itself first if it is a literal, advance by its decoded length.
+  for (; i < n && o + 16 <= out_size; ++i) {
+    const uint8_t b = in[i];
     std::memcpy(out + o, kSixteenZeroGroups, 16);
     out[o] = b <= kMaxLiteral ? b : kZeroGroup;
     o += kDecodedLength.of[b];
-  };
-  int64_t i = 0, o = 0;
-#if defined(__SSE2__)
-  const __m128i largest_literal = _mm_set1_epi8(static_cast<char>(kMaxLiteral));
-  constexpr int64_t kWorstChunk = 16 * kMaxRun + 16;  // sixteen runs of 14, plus a store
-  for (; i + 16 <= n && o + kWorstChunk <= out_size; i += 16) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    const __m128i is_literal = _mm_cmpeq_epi8(_mm_max_epu8(v, largest_literal), largest_literal);
-    if (_mm_movemask_epi8(is_literal) == 0xFFFF) {  // sixteen literals
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + o), v);
-      o += 16;
-    } else {
-      for (int k = 0; k < 16; ++k) decode_one(in[i + k], o);
-    }
   }
-#endif
-  for (; i < n && o + 16 <= out_size; ++i) decode_one(in[i], o);
   for (; i < n; ++i) {
     const uint8_t b = in[i];
     const int64_t length = kDecodedLength.of[b];
@@ -183,8 +176,50 @@ void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
   }
 }
 
-ParallelEncoder::ParallelEncoder(const uint8_t* in, int64_t n, int64_t block_size)
-    : in_(in), n_(n) {
+}  // namespace internal
+
+bool IsaSupported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kSsse3:
+      return internal::CpuHasSsse3();
+  }
+  return false;
+}
+
+Isa SelectedIsa() {
+  static const Isa selected = [] {
+    const char* forced = std::getenv("TFGC_ZERO_RUN_ISA");
+    if (forced != nullptr && std::strcmp(forced, "scalar") == 0) return Isa::kScalar;
+    return IsaSupported(Isa::kSsse3) ? Isa::kSsse3 : Isa::kScalar;
+  }();
+  return selected;
+}
+
+int64_t EncodeSerialWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out) {
+  internal::EncodeState state;
+  if (isa == Isa::kSsse3) state = internal::EncodePrefixSsse3(in, n, out);
+  return internal::EncodeScalar(in, n, out, state);
+}
+
+int64_t EncodeSerial(const uint8_t* in, int64_t n, uint8_t* out) {
+  return EncodeSerialWith(SelectedIsa(), in, n, out);
+}
+
+void DecodeWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
+  internal::DecodeState state;
+  if (isa == Isa::kSsse3) state = internal::DecodePrefixSsse3(in, n, out, out_size);
+  internal::DecodeScalar(in, n, out, out_size, state);
+}
+
+void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
+  DecodeWith(SelectedIsa(), in, n, out, out_size);
+}
+
+ParallelEncoder::ParallelEncoder(const uint8_t* in, int64_t n, int64_t block_size,
+                                 uint8_t* scratch)
+    : in_(in), n_(n), scratch_(scratch) {
   block_size = std::max<int64_t>(block_size, 1);
   for (int64_t begin = 0; begin < n; begin += block_size) {
     Block block;
@@ -192,7 +227,6 @@ ParallelEncoder::ParallelEncoder(const uint8_t* in, int64_t n, int64_t block_siz
     block.end = std::min(n, begin + block_size);
     blocks_.push_back(block);
   }
-  scratch_.resize(n);
 }
 
 void ParallelEncoder::Summarize(int64_t index) {
@@ -210,7 +244,7 @@ void ParallelEncoder::Summarize(int64_t index) {
   b.trail = CountTrailingZeroGroups(in, len);
   // The interior starts and ends with a literal, so every run inside it is complete.
   b.interior_size =
-      EncodeSerial(in + b.lead, len - b.lead - b.trail, scratch_.data() + b.begin);
+      EncodeSerial(in + b.lead, len - b.lead - b.trail, scratch_ + b.begin);
 }
 
 int64_t ParallelEncoder::FirstInvalidByte() const {
@@ -242,7 +276,7 @@ void ParallelEncoder::Write(int64_t index, uint8_t* out) const {
   const Block& b = blocks_[index];
   if (!b.all_zero_groups) {
     const int64_t run_bytes = WriteRun(b.run_before, out + b.out_offset);
-    std::memcpy(out + b.out_offset + run_bytes, scratch_.data() + b.begin, b.interior_size);
+    std::memcpy(out + b.out_offset + run_bytes, scratch_ + b.begin, b.interior_size);
   }
   if (index + 1 == num_blocks()) WriteRun(tail_run_, out + tail_offset_);
 }

@@ -9,6 +9,10 @@
 // block phases on several threads; the output is identical to a single-threaded greedy
 // encoding whatever the block size, because runs that cross block boundaries are joined
 // in a serial planning step before any byte is written.
+//
+// EncodeSerial and Decode run the fastest path this CPU supports, chosen once at run
+// time: SIMD loops (zero_run_x86.cc) on x86-64 with SSSE3, a portable scalar loop
+// otherwise or when TFGC_ZERO_RUN_ISA=scalar is set. Every path writes identical bytes.
 #ifndef TFGC_OPS_CC_ZERO_RUN_H_
 #define TFGC_OPS_CC_ZERO_RUN_H_
 
@@ -23,9 +27,22 @@ inline constexpr uint8_t kMaxLiteral = 242;  // largest quartic code
 inline constexpr uint8_t kFirstRunByte = 243;
 inline constexpr int64_t kMaxRun = 14;
 
-// Greedy single-threaded encoding of in[0, n) into out, which must hold n bytes.
-// Input bytes must be <= kMaxLiteral. Returns the number of bytes written.
+// The encoder's and decoder's implementations.
+enum class Isa { kScalar, kSsse3 };
+
+// Whether this CPU (and this build) can run `isa`.
+bool IsaSupported(Isa isa);
+
+// The path EncodeSerial and Decode take: the best supported one, or kScalar when the
+// environment variable TFGC_ZERO_RUN_ISA is "scalar". Read once per process.
+Isa SelectedIsa();
+
+// Greedy single-threaded encoding of in[0, n) into out, which must hold n bytes (bytes
+// past the returned size may be overwritten). Input bytes must be <= kMaxLiteral.
+// Returns the number of bytes written.
 int64_t EncodeSerial(const uint8_t* in, int64_t n, uint8_t* out);
+// EncodeSerial on a given path; `isa` must be supported.
+int64_t EncodeSerialWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out);
 
 // Index of the first byte > kMaxLiteral in in[0, n), or -1 if there is none.
 int64_t FindInvalidByte(const uint8_t* in, int64_t n);
@@ -35,16 +52,19 @@ int64_t DecodedSize(const uint8_t* in, int64_t n);
 
 // Decodes in[0, n) into out, which must hold exactly DecodedSize(in, n) bytes.
 void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size);
+// Decode on a given path; `isa` must be supported.
+void DecodeWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size);
 
-// Block-parallel encoder. Usage:
-//   ParallelEncoder enc(in, n, block_size);
+// Block-parallel encoder. Blocks are encoded into `scratch` (n bytes, owned by the
+// caller, e.g. a TensorFlow temporary) and copied to their place in the output. Usage:
+//   ParallelEncoder enc(in, n, block_size, scratch);
 //   for each block b (any thread, any order): enc.Summarize(b);
 //   if (enc.FirstInvalidByte() >= 0) -> reject input
 //   int64_t size = enc.Plan();           // serial
 //   for each block b (any thread, any order): enc.Write(b, out);
 class ParallelEncoder {
  public:
-  ParallelEncoder(const uint8_t* in, int64_t n, int64_t block_size);
+  ParallelEncoder(const uint8_t* in, int64_t n, int64_t block_size, uint8_t* scratch);
 
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   void Summarize(int64_t block);
@@ -67,7 +87,7 @@ class ParallelEncoder {
   const uint8_t* in_;
   int64_t n_;
   std::vector<Block> blocks_;
-  std::vector<uint8_t> scratch_;  // interiors are encoded here in place, then copied
+  uint8_t* scratch_;              // interiors are encoded here in place, then copied
   int64_t tail_run_ = 0;          // run after the last block that has a non-121 byte
   int64_t tail_offset_ = 0;
 };

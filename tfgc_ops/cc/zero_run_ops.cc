@@ -44,7 +44,12 @@ class ZeroRunEncodeOp : public OpKernel {
                 errors::InvalidArgument("zero_run_encode expects a 1-D uint8 tensor, got shape ",
                                         input.shape().DebugString()));
     const uint8_t* in = input.flat<uint8>().data();
-    tfgc::zero_run::ParallelEncoder encoder(in, input.NumElements(), kBlockBytes);
+    // A TensorFlow temporary, so that an allocator that pools memory (BFC) spares the
+    // page faults of a fresh buffer on every call.
+    Tensor scratch;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_UINT8, input.shape(), &scratch));
+    tfgc::zero_run::ParallelEncoder encoder(in, input.NumElements(), kBlockBytes,
+                                            scratch.flat<uint8>().data());
     ForEachBlock(ctx, encoder.num_blocks(), kBlockBytes,
                  [&encoder](int64_t b) { encoder.Summarize(b); });
     const int64_t invalid = encoder.FirstInvalidByte();

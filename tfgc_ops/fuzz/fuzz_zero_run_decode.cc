@@ -5,8 +5,9 @@
 // block visiting order (top 2 bits); the remaining bytes are the encoded stream.
 //
 // Checks:
-//   * DecodedSize equals a naive count; Decode into a heap buffer of exactly that size
-//     (ASan catches any write past it) gives what a naive byte-by-byte decoder gives.
+//   * DecodedSize equals a naive count; Decode, and DecodeWith on every instruction set
+//     the CPU runs, into a heap buffer of exactly that size (ASan catches any write past
+//     it) give what a naive byte-by-byte decoder gives.
 //   * The decoded bytes are all <= 242: FindInvalidByte finds nothing.
 //   * EncodeSerial and ParallelEncoder (Summarize/FirstInvalidByte/Plan/Write, blocks in
 //     a scrambled order, output buffer of exactly Plan() bytes) agree byte for byte with
@@ -38,6 +39,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::unique_ptr<uint8_t[]> decoded(new uint8_t[decoded_size]);
   zr::Decode(in, n, decoded.get(), decoded_size);
   Check(std::equal(expected.begin(), expected.end(), decoded.get()), "Decode content");
+  for (zr::Isa isa : tfgc_fuzz::SupportedIsas()) {
+    std::unique_ptr<uint8_t[]> other(new uint8_t[decoded_size]);
+    zr::DecodeWith(isa, in, n, other.get(), decoded_size);
+    Check(std::equal(expected.begin(), expected.end(), other.get()), "DecodeWith content");
+  }
 
   const std::vector<uint8_t> encoded =
       tfgc_fuzz::CheckEncodings(decoded.get(), decoded_size, block_size, mode);

@@ -7,8 +7,9 @@
 // 4096-byte chunk is reached); the remaining bytes are the payload.
 //
 // Checks:
-//   * Mapped bytes (all <= 242): EncodeSerial == ParallelEncoder (any block size and
-//     order) == naive greedy encoder, and Decode(encoding) gives the bytes back exactly.
+//   * Mapped bytes (all <= 242): EncodeSerial == EncodeSerialWith on every instruction
+//     set the CPU runs == ParallelEncoder (any block size and order) == naive greedy
+//     encoder, and decoding on every instruction set gives the bytes back exactly.
 //   * Raw bytes: FindInvalidByte and ParallelEncoder::FirstInvalidByte both equal a naive
 //     scan for the first byte > 242; when there is none, the encodings are checked too.
 #include <cstddef>
@@ -77,7 +78,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t raw_n = static_cast<int64_t>(raw.size());
   const int64_t first_invalid = tfgc_fuzz::NaiveFindInvalid(raw.data(), raw_n);
   Check(zr::FindInvalidByte(raw.data(), raw_n) == first_invalid, "FindInvalidByte");
-  zr::ParallelEncoder enc(raw.data(), raw_n, block_size);
+  std::vector<uint8_t> scratch(raw.size());
+  zr::ParallelEncoder enc(raw.data(), raw_n, block_size, scratch.data());
   for (int64_t b : tfgc_fuzz::Order(enc.num_blocks(), order)) enc.Summarize(b);
   Check(enc.FirstInvalidByte() == first_invalid, "ParallelEncoder::FirstInvalidByte");
   if (first_invalid < 0) tfgc_fuzz::CheckEncodings(raw.data(), raw_n, block_size, order);

@@ -41,7 +41,7 @@ CXXFLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undef
 
 core_of() {
   case "$1" in
-    fuzz_zero_run_*) echo "$CC_DIR/zero_run.cc" ;;
+    fuzz_zero_run_*) echo "$CC_DIR/zero_run.cc $CC_DIR/zero_run_x86.cc" ;;
     fuzz_*keys) echo "$CC_DIR/key_packing.cc" ;;
     fuzz_bit_packing) echo "$CC_DIR/bit_packing.cc" ;;
     fuzz_quartic_rans) echo "$CC_DIR/quartic_rans.cc" ;;

@@ -17,6 +17,15 @@ namespace tfgc_fuzz {
 
 namespace zr = ::tfgc::zero_run;
 
+// Every instruction set this CPU runs (the scalar path always).
+inline std::vector<zr::Isa> SupportedIsas() {
+  std::vector<zr::Isa> isas;
+  for (zr::Isa isa : {zr::Isa::kScalar, zr::Isa::kSsse3}) {
+    if (zr::IsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
 inline int64_t NaiveFindInvalid(const uint8_t* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (in[i] > zr::kMaxLiteral) return i;
@@ -85,7 +94,8 @@ inline std::vector<int64_t> Order(int64_t num_blocks, int mode) {
 // shows up as a mismatch for at least one of two different fills).
 inline std::vector<uint8_t> ParallelEncode(const uint8_t* in, int64_t n, int64_t block_size,
                                            int mode, uint8_t fill) {
-  zr::ParallelEncoder enc(in, n, block_size);
+  std::vector<uint8_t> scratch(n, fill);
+  zr::ParallelEncoder enc(in, n, block_size, scratch.data());
   Check(enc.num_blocks() == (n + block_size - 1) / block_size, "ParallelEncoder num_blocks");
   for (int64_t b : Order(enc.num_blocks(), mode)) enc.Summarize(b);
   Check(enc.FirstInvalidByte() == -1, "ParallelEncoder reports an invalid byte in valid input");
@@ -107,6 +117,12 @@ inline std::vector<uint8_t> CheckEncodings(const uint8_t* in, int64_t n, int64_t
   Check(size >= 0 && size <= n, "EncodeSerial size out of range");
   const std::vector<uint8_t> serial(buf.get(), buf.get() + size);
   Check(serial == NaiveEncode(in, n), "EncodeSerial differs from the naive greedy encoder");
+  for (zr::Isa isa : SupportedIsas()) {
+    std::unique_ptr<uint8_t[]> other(new uint8_t[n]);
+    const int64_t other_size = zr::EncodeSerialWith(isa, in, n, other.get());
+    Check(other_size == size && std::equal(serial.begin(), serial.end(), other.get()),
+          "EncodeSerialWith differs between instruction sets");
+  }
   for (uint8_t fill : {uint8_t{0x00}, uint8_t{0xFF}}) {
     Check(ParallelEncode(in, n, block_size, mode, fill) == serial,
           "ParallelEncoder differs from EncodeSerial");
@@ -116,9 +132,11 @@ inline std::vector<uint8_t> CheckEncodings(const uint8_t* in, int64_t n, int64_t
 
   const int64_t decoded_size = zr::DecodedSize(serial.data(), size);
   Check(decoded_size == n, "DecodedSize of the encoding");
-  std::unique_ptr<uint8_t[]> decoded(new uint8_t[decoded_size]);
-  zr::Decode(serial.data(), size, decoded.get(), decoded_size);
-  Check(std::equal(in, in + n, decoded.get()), "roundtrip");
+  for (zr::Isa isa : SupportedIsas()) {
+    std::unique_ptr<uint8_t[]> decoded(new uint8_t[decoded_size]);
+    zr::DecodeWith(isa, serial.data(), size, decoded.get(), decoded_size);
+    Check(std::equal(in, in + n, decoded.get()), "roundtrip");
+  }
   return serial;
 }
 

@@ -1,0 +1,252 @@
+// SIMD loops of the zero-run codec for x86-64 with SSSE3, chosen at run time
+// (zero_run.cc). Compiled for the baseline CPU; only the functions marked with the
+// target attribute use SSSE3 instructions, and they run only after CpuHasSsse3().
+//
+// Encoder: eight input bytes at a time. Their 121-mask (bit k: byte k is 121) indexes a
+// 256-entry table that holds, for those eight bytes, the run of 121s they start with,
+// the run they end with, and a pshufb pattern plus constant that writes everything in
+// between: literals in place, each inner run (at most six 121s, so never split) as its
+// run byte. The leading run joins the run carried from earlier bytes and is written
+// first; the trailing run is carried on.
+//
+// Decoder: sixteen encoded bytes at a time. Each byte's decoded length (1 for a literal,
+// 2..14 for a run byte) is computed in a vector and prefix-summed into output offsets;
+// the output is filled with 121s and the literals are stored at their offsets: sixteen
+// independent stores instead of a chain of dependent ones. Long runs (sparse data) store
+// sixteen 121s at each byte's offset instead of filling first.
+#include <cstdint>
+#include <cstring>
+
+#include "zero_run.h"
+#include "zero_run_paths.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TFGC_ZERO_RUN_X86 1
+#include <tmmintrin.h>
+#endif
+
+namespace tfgc {
+namespace zero_run {
+namespace internal {
+
+#if defined(TFGC_ZERO_RUN_X86)
+
+namespace {
+
+constexpr uint8_t kLongestRunByte = kFirstRunByte + (kMaxRun - 2);  // 255
+
+// How eight input bytes with a given 121-mask are encoded (mask 0xFF, all 121s, is
+// handled separately).
+struct EightBytes {
+  uint64_t shuffle = 0;  // pshufb pattern: input byte index, or 0x80 for a zero byte
+  uint64_t add = 0;      // OR-ed in: the run bytes of inner runs
+  uint8_t length = 0;    // output bytes between the leading and the trailing run
+  uint8_t lead = 0;      // 121s the eight bytes start with
+  uint8_t trail = 0;     // 121s they end with
+};
+
+constexpr uint8_t RunByte(int k) {
+  return k == 1 ? kZeroGroup : static_cast<uint8_t>(kFirstRunByte + k - 2);
+}
+
+constexpr struct EncodeTable {
+  EightBytes of[256];
+  constexpr EncodeTable() : of() {
+    for (int mask = 0; mask < 255; ++mask) {
+      auto is_zero = [mask](int k) { return ((mask >> k) & 1) != 0; };
+      EightBytes e;
+      while (is_zero(e.lead)) ++e.lead;
+      while (is_zero(7 - e.trail)) ++e.trail;
+      int out = 0;
+      for (int k = e.lead; k < 8 - e.trail;) {
+        uint64_t index = 0x80, byte = 0;
+        if (is_zero(k)) {
+          int run = 0;
+          while (is_zero(k)) ++k, ++run;
+          byte = RunByte(run);
+        } else {
+          index = static_cast<uint64_t>(k++);
+        }
+        e.shuffle |= index << (8 * out);
+        e.add |= byte << (8 * out);
+        ++out;
+      }
+      // Unused positions shuffle in zeros.
+      for (int k = out; k < 8; ++k) e.shuffle |= uint64_t{0x80} << (8 * k);
+      e.length = static_cast<uint8_t>(out);
+      of[mask] = e;
+    }
+  }
+} kEncodeTable;
+
+// The encoding of a run of 0..20 121s (the carried run, < 14, plus a leading run, < 8):
+// up to two bytes, written as one 16-bit store.
+constexpr struct RunCodes {
+  uint16_t bytes[21];
+  uint8_t length[21];
+  constexpr RunCodes() : bytes(), length() {
+    for (int k = 1; k <= 20; ++k) {
+      if (k < kMaxRun) {
+        bytes[k] = RunByte(k);
+        length[k] = 1;
+      } else if (k == kMaxRun) {
+        bytes[k] = kLongestRunByte;
+        length[k] = 1;
+      } else {
+        bytes[k] = static_cast<uint16_t>(kLongestRunByte | RunByte(k - kMaxRun) << 8);
+        length[k] = 2;
+      }
+    }
+  }
+} kRunCodes;
+
+// Encodes eight bytes held in the low half of `v`, with 121-mask `mask`.
+__attribute__((target("ssse3"))) inline void EncodeEight(__m128i v, unsigned mask,
+                                                         uint8_t* out, int64_t& o,
+                                                         uint64_t& run) {
+  if (mask == 0xFF) {
+    run += 8;
+    if (run >= kMaxRun) {
+      out[o++] = kLongestRunByte;
+      run -= kMaxRun;
+    }
+    return;
+  }
+  const EightBytes& e = kEncodeTable.of[mask];
+  const uint64_t total = run + e.lead;
+  std::memcpy(out + o, &kRunCodes.bytes[total], 2);
+  o += kRunCodes.length[total];
+  const __m128i pattern = _mm_cvtsi64_si128(static_cast<int64_t>(e.shuffle));
+  const uint64_t body =
+      static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_shuffle_epi8(v, pattern))) | e.add;
+  std::memcpy(out + o, &body, 8);
+  o += e.length;
+  run = e.trail;
+}
+
+}  // namespace
+
+bool CpuHasSsse3() {
+  static const bool has = __builtin_cpu_supports("ssse3");
+  return has;
+}
+
+__attribute__((target("ssse3"))) EncodeState EncodePrefixSsse3(const uint8_t* in, int64_t n,
+                                                               uint8_t* out) {
+  // With o + run <= i before eight bytes at i, their stores end before out + i + 16, so
+  // sixteen bytes at i stay inside out (which holds n bytes) while i + 24 <= n.
+  EncodeState s;
+  const __m128i zero_groups = _mm_set1_epi8(static_cast<char>(kZeroGroup));
+  for (; s.i + 24 <= n; s.i += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + s.i));
+    const unsigned mask =
+        static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero_groups)));
+    if (mask == 0) {  // sixteen literals, after the carried run
+      std::memcpy(out + s.o, &kRunCodes.bytes[s.run], 2);
+      s.o += kRunCodes.length[s.run];
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + s.o), v);
+      s.o += 16;
+      s.run = 0;
+      continue;
+    }
+    EncodeEight(v, mask & 0xFF, out, s.o, s.run);
+    EncodeEight(_mm_srli_si128(v, 8), mask >> 8, out, s.o, s.run);
+  }
+  return s;
+}
+
+__attribute__((target("ssse3"))) int64_t DecodedSizeSsse3(const uint8_t* in, int64_t n) {
+  const __m128i run_bias = _mm_set1_epi8(static_cast<char>(kFirstRunByte - 2));
+  const __m128i ones = _mm_set1_epi8(1);
+  __m128i sums = _mm_setzero_si128();  // two 64-bit lanes
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    const __m128i length = _mm_max_epu8(_mm_subs_epu8(v, run_bias), ones);
+    sums = _mm_add_epi64(sums, _mm_sad_epu8(length, _mm_setzero_si128()));
+  }
+  int64_t size = _mm_cvtsi128_si64(sums) + _mm_cvtsi128_si64(_mm_srli_si128(sums, 8));
+  for (; i < n; ++i) size += in[i] >= kFirstRunByte ? in[i] - (kFirstRunByte - 2) : 1;
+  return size;
+}
+
+__attribute__((target("ssse3"))) DecodeState DecodePrefixSsse3(const uint8_t* in, int64_t n,
+                                                               uint8_t* out,
+                                                               int64_t out_size) {
+  // Sixteen bytes decode to at most 16 * 14 = 224 bytes; the fill stores whole vectors.
+  constexpr int64_t kRoom = 16 * kMaxRun + 16;
+  const __m128i zero_groups = _mm_set1_epi8(static_cast<char>(kZeroGroup));
+  const __m128i largest_literal = _mm_set1_epi8(static_cast<char>(kMaxLiteral));
+  const __m128i run_bias = _mm_set1_epi8(static_cast<char>(kFirstRunByte - 2));
+  const __m128i ones = _mm_set1_epi8(1);
+  DecodeState s;
+  for (; s.i + 16 <= n && s.o + kRoom <= out_size; s.i += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + s.i));
+    const __m128i is_literal =
+        _mm_cmpeq_epi8(_mm_max_epu8(v, largest_literal), largest_literal);
+    if (_mm_movemask_epi8(is_literal) == 0xFFFF) {  // sixteen literals
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + s.o), v);
+      s.o += 16;
+      continue;
+    }
+    // Lengths: b - 241 for run bytes (2..14), 1 for literals (b - 241 saturates to 0 or 1).
+    const __m128i length = _mm_max_epu8(_mm_subs_epu8(v, run_bias), ones);
+    __m128i end = length;  // inclusive prefix sum, at most 224: fits a byte
+    end = _mm_add_epi8(end, _mm_slli_si128(end, 1));
+    end = _mm_add_epi8(end, _mm_slli_si128(end, 2));
+    end = _mm_add_epi8(end, _mm_slli_si128(end, 4));
+    end = _mm_add_epi8(end, _mm_slli_si128(end, 8));
+    const __m128i start = _mm_sub_epi8(end, length);
+    const __m128i value = _mm_or_si128(_mm_and_si128(is_literal, v),
+                                       _mm_andnot_si128(is_literal, zero_groups));
+    const int64_t total = _mm_extract_epi16(end, 7) >> 8;
+    uint8_t* base = out + s.o;
+    // Offsets and values leave the vector registers as 64-bit words (storing the vectors
+    // and reading single bytes back stalls on store forwarding).
+    uint64_t offsets[2] = {static_cast<uint64_t>(_mm_cvtsi128_si64(start)),
+                           static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_srli_si128(start, 8)))};
+    uint64_t values[2] = {static_cast<uint64_t>(_mm_cvtsi128_si64(value)),
+                          static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_srli_si128(value, 8)))};
+    if (total <= 64) {
+      // Short runs (mixed data): fill with 121s, then store the literals at their offsets.
+      for (int p = 0; p < 64; p += 16) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(base + p), zero_groups);
+      }
+      for (int half = 0; half < 2; ++half) {
+        for (int k = 0; k < 8; ++k, offsets[half] >>= 8, values[half] >>= 8) {
+          base[offsets[half] & 0xFF] = static_cast<uint8_t>(values[half]);
+        }
+      }
+    } else {
+      // Long runs: sixteen 121s at each byte's offset, then the byte itself, in order, so
+      // a later fill never covers an earlier literal.
+      for (int half = 0; half < 2; ++half) {
+        for (int k = 0; k < 8; ++k, offsets[half] >>= 8, values[half] >>= 8) {
+          uint8_t* at = base + (offsets[half] & 0xFF);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(at), zero_groups);
+          *at = static_cast<uint8_t>(values[half]);
+        }
+      }
+    }
+    s.o += total;
+  }
+  return s;
+}
+
+#else  // no x86-64 SIMD path in this build
+
+bool CpuHasSsse3() { return false; }
+
+EncodeState EncodePrefixSsse3(const uint8_t*, int64_t, uint8_t*) { return EncodeState(); }
+
+DecodeState DecodePrefixSsse3(const uint8_t*, int64_t, uint8_t*, int64_t) {
+  return DecodeState();
+}
+
+int64_t DecodedSizeSsse3(const uint8_t*, int64_t) { return 0; }
+
+#endif
+
+}  // namespace internal
+}  // namespace zero_run
+}  // namespace tfgc
