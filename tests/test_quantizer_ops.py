@@ -1,5 +1,6 @@
 """The quantizers' one-pass ops against the numpy reference, and their input checks:
-stochastic rounding (QSGD's codes, 3LC's stochastic 3-values) and LogQuant's decoder."""
+stochastic rounding (QSGD's codes, 3LC's stochastic 3-values), LogQuant's decoder and
+OneBit's sign bits."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -123,3 +124,52 @@ def test_log_levels_decode_checks_sizes_before_allocating():
     with pytest.raises(tf.errors.InvalidArgumentError, match="bits must be in"):
         tfgc_ops.log_levels_decode(packed, 1.0, 24, 1)
     assert tfgc_ops.log_levels_decode(packed, 1.0, 6, 4).numpy().tolist() == [0.0] * 6
+
+
+# --- OneBit's sign bits and side sums (sign_bits_encode) ----------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 65_535, 65_536 * 2 + 13])
+def test_sign_bits_encode_matches_the_reference(rng, size):
+    x = rng.standard_t(3, size).astype(np.float32)
+    x[: size // 7] = 0.0  # zeros count as >= 0, as in the reference
+    if size > 3:
+        x[3] = -0.0
+    packed, sums, counts = tfgc_ops.sign_bits_encode(x)
+    expected_packed, expected_sums, expected_counts = ref.sign_bits_encode(x)
+    np.testing.assert_array_equal(packed.numpy(), expected_packed)
+    np.testing.assert_array_equal(counts.numpy(), expected_counts)
+    np.testing.assert_allclose(sums.numpy(), expected_sums, rtol=1e-12, atol=1e-300)
+    # The bits are what pack_bits makes of 1-bit codes.
+    np.testing.assert_array_equal(packed.numpy(), tfgc_ops.pack_bits((x >= 0).astype(np.int32), 1))
+
+
+def test_sign_bits_sums_neither_overflow_nor_hide_non_finite_values():
+    big = np.full(1000, 3.0e38, np.float32)  # a float32 sum would be inf
+    _, sums, counts = tfgc_ops.sign_bits_encode(np.concatenate([big, -big]))
+    np.testing.assert_allclose(sums.numpy(), [3.0e41, -3.0e41], rtol=1e-6)
+    np.testing.assert_array_equal(counts.numpy(), [1000, 1000])
+    _, sums, counts = tfgc_ops.sign_bits_encode(np.array([1.0, np.nan, -2.0], np.float32))
+    assert sums.numpy()[0] == 1.0 and np.isnan(sums.numpy()[1])  # NaN is on the other side
+    np.testing.assert_array_equal(counts.numpy(), [1, 2])
+    _, sums, _ = tfgc_ops.sign_bits_encode(np.array([np.inf, 1.0], np.float32))
+    assert np.isinf(sums.numpy()[0])
+
+
+def test_sign_bits_sums_do_not_depend_on_the_thread_count(run_python):
+    # Blocks of fixed size are summed in block order: 1 and 4 threads give the same bits.
+    script = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+import tfgc_ops
+x = np.random.default_rng(5).standard_t(3, 1_000_003).astype(np.float32)
+print(tfgc_ops.sign_bits_encode(x)[1].numpy().tobytes().hex())
+"""
+    assert run_python(script, 120, ["1"]) == run_python(script, 120, ["4"])
+
+
+def test_sign_bits_encode_refuses_what_is_not_a_vector():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sign_bits_encode.*1-D"):
+        tfgc_ops.sign_bits_encode(np.zeros([2, 2], np.float32))

@@ -15,11 +15,11 @@ import os
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["largest_magnitude", "quartic_fold", "quartic_unfold", "zero_run_encode",
-           "zero_run_decode", "quartic_entropy_encode", "quartic_entropy_decode", "pack_keys",
-           "unpack_keys", "check_flag_bits", "pack_bits", "unpack_bits", "qsgd_norms",
-           "qsgd_encode", "qsgd_decode", "stochastic_ternary_fold", "log_levels_decode",
-           "library_path"]
+__all__ = ["largest_magnitude", "sign_bits_encode", "quartic_fold", "quartic_unfold",
+           "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
+           "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
+           "unpack_bits", "qsgd_norms", "qsgd_encode", "qsgd_decode",
+           "stochastic_ternary_fold", "log_levels_decode", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
@@ -114,6 +114,19 @@ def check_flag_bits(flag_bits, what="flag_bits"):
 def largest_magnitude(x):
     """max|x| of a 1-D float32 tensor in one pass; NaN if a value is not finite, 0 if empty."""
     return _ops.tfgc_largest_magnitude(tf.convert_to_tensor(x, tf.float32))
+
+
+def sign_bits_encode(x):
+    """One-bit sign quantization of a 1-D float32 tensor in one pass.
+
+    Returns:
+      (packed, sums, counts): uint8 [ceil(n / 8)] with bit i (most significant bit
+      first, the last byte zero-padded) = x_i >= 0, as `pack_bits(codes, 1)` packs them;
+      float64 [2], the sums of the values >= 0 and of the others (NaN counts with the
+      others; a non-finite value makes its side's sum non-finite); int64 [2], how many
+      values each sum holds (`reference.sign_bits_encode`).
+    """
+    return _ops.tfgc_sign_bits_encode(tf.convert_to_tensor(x, tf.float32))
 
 
 def quartic_fold(x, scale):

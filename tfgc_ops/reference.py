@@ -256,6 +256,17 @@ def _leb128(value):
             return out
 
 
+def sign_bits_encode(x):
+    """`tfgc_ops.sign_bits_encode`: sign bits (x >= 0) packed most significant bit first,
+    and the double sums and counts of the values >= 0 and of the others."""
+    x = np.asarray(x, np.float32)
+    upper = x >= 0
+    wide = x.astype(np.float64)
+    sums = np.array([wide[upper].sum(), wide[~upper].sum()])
+    counts = np.array([upper.sum(), (~upper).sum()], np.int64)
+    return np.packbits(upper), sums, counts
+
+
 def pack_bits(codes, bits):
     """Codes in [0, 2^bits) as one bit stream, most significant bit first, zero-padded."""
     codes = np.asarray(codes, np.int64).reshape(-1)
