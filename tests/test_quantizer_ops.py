@@ -173,3 +173,49 @@ print(tfgc_ops.sign_bits_encode(x)[1].numpy().tobytes().hex())
 def test_sign_bits_encode_refuses_what_is_not_a_vector():
     with pytest.raises(tf.errors.InvalidArgumentError, match="sign_bits_encode.*1-D"):
         tfgc_ops.sign_bits_encode(np.zeros([2, 2], np.float32))
+
+
+# --- FastSGD's threshold filter (magnitude_filter) ----------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("size", [0, 1, 9, 65_536 * 2 + 5])
+@pytest.mark.parametrize("factor", [0.0, 1.1**-128, 1e-6, 0.5])
+def test_magnitude_filter_matches_the_reference(rng, dtype, size, factor):
+    v = rng.standard_t(3, size).astype(dtype)
+    v[rng.random(size) < 0.3] = 0  # zeros never pass, even with a zero factor
+    total, positions = tfgc_ops.magnitude_filter(v, factor)
+    expected_total, expected_positions = ref.magnitude_filter(
+        v.astype(np.float32) if dtype == np.float16 else v, factor)
+    assert float(total) == pytest.approx(expected_total, rel=1e-12, abs=0)
+    np.testing.assert_array_equal(positions.numpy(), expected_positions)
+
+
+def test_magnitude_filter_reports_non_finite_values():
+    v = np.array([1.0, np.inf, -2.0, np.nan, 0.0], np.float32)
+    total, positions = tfgc_ops.magnitude_filter(v, 1e-3)
+    assert np.isnan(float(total))  # and so no finite value passes
+    np.testing.assert_array_equal(positions.numpy(), [1, 3])
+
+
+def test_magnitude_filter_sum_is_the_wire_dtype_and_thread_independent(run_python):
+    v = np.full(3, 1.0 + 2.0**-40, np.float64)
+    assert float(tfgc_ops.magnitude_filter(v, 0.5)[0]) == 3 * (1.0 + 2.0**-40)
+    assert float(tfgc_ops.magnitude_filter(v.astype(np.float32), 0.5)[0]) == 3.0
+    script = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+import tfgc_ops
+v = np.random.default_rng(5).standard_t(3, 1_000_003)
+print(float(tfgc_ops.magnitude_filter(v, 1e-6)[0]).hex())
+"""
+    assert run_python(script, 120, ["1"]) == run_python(script, 120, ["4"])
+
+
+def test_magnitude_filter_refuses_bad_input():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="magnitude_filter.*1-D"):
+        tfgc_ops.magnitude_filter(np.zeros([2, 2], np.float32), 0.5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="factor"):
+        tfgc_ops.magnitude_filter(np.zeros(4, np.float32), [0.5, 0.5])

@@ -15,8 +15,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["largest_magnitude", "sign_bits_encode", "quartic_fold", "quartic_unfold",
-           "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
+__all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "quartic_fold",
+           "quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
            "unpack_bits", "qsgd_norms", "qsgd_encode", "qsgd_decode",
            "stochastic_ternary_fold", "log_levels_decode", "library_path"]
@@ -127,6 +127,25 @@ def sign_bits_encode(x):
       values each sum holds (`reference.sign_bits_encode`).
     """
     return _ops.tfgc_sign_bits_encode(tf.convert_to_tensor(x, tf.float32))
+
+
+def magnitude_filter(v, factor):
+    """FastSGD's threshold filter (Algorithm 1 with its early stop) in two passes over v.
+
+    Args:
+      v: 1-D floating values (float16 and bfloat16 are widened to float32).
+      factor: b^-tau; a value can pass the filter when |v| >= sum * factor.
+
+    Returns:
+      (sum, positions): float64 scalar, the sum of |v| over the finite values rounded to
+      v's wire dtype (float64 for float64 input, else float32), NaN when a value is not
+      finite; int64 positions, ascending, of the values with 0 < |v| >= sum * factor and
+      of every value that is not finite (`reference.magnitude_filter`).
+    """
+    v = tf.convert_to_tensor(v)
+    if v.dtype != tf.float64:
+        v = tf.cast(v, tf.float32)
+    return _ops.tfgc_magnitude_filter(v, tf.cast(factor, tf.float64))
 
 
 def quartic_fold(x, scale):

@@ -267,6 +267,20 @@ def sign_bits_encode(x):
     return np.packbits(upper), sums, counts
 
 
+def magnitude_filter(v, factor):
+    """`tfgc_ops.magnitude_filter`: (sum of |v| over finite values rounded to the wire
+    dtype, or NaN; positions of 0 < |v| >= sum * factor and of non-finite values)."""
+    v = np.asarray(v)
+    wire = np.float64 if v.dtype == np.float64 else np.float32
+    wide = v.astype(np.float64)
+    finite = np.isfinite(wide)
+    magnitude = np.abs(wide)
+    total = float(wire(magnitude[finite].sum())) if finite.all() else float("nan")
+    with np.errstate(invalid="ignore"):
+        candidate = ((magnitude > 0) & (magnitude >= total * factor)) | ~finite
+    return total, np.flatnonzero(candidate)
+
+
 def pack_bits(codes, bits):
     """Codes in [0, 2^bits) as one bit stream, most significant bit first, zero-padded."""
     codes = np.asarray(codes, np.int64).reshape(-1)

@@ -55,9 +55,7 @@ class FastSGD(base.Codec):
         if isinstance(x, tf.IndexedSlices):
             return self._encode_slices(x)
         x = base.check_floating(x, self.name)
-        flat = tf.reshape(x, [-1])
-        keys = tf.range(tf.size(flat, out_type=tf.int64))
-        payload = self._encode_pairs(keys, flat)
+        payload = self._encode_pairs(None, tf.reshape(x, [-1]))  # keys are the positions
         payload["shape"] = base.shape_of(x)
         return payload
 
@@ -97,28 +95,24 @@ class FastSGD(base.Codec):
         return payload
 
     def _encode_pairs(self, keys, values):
-        """Encodes values at ascending keys; zeros are never sent."""
+        """Encodes values at ascending keys (None: their positions); zeros are never sent."""
         wire = tf.float64 if values.dtype == tf.float64 else tf.float32
-        v = tf.cast(values, tf.float64)
-        finite = base.all_finite(v)
-        magnitude = tf.abs(tf.where(tf.math.is_finite(v), v, 0.0))
-        total = tf.cast(tf.cast(tf.reduce_sum(magnitude), wire), tf.float64)  # as received
-        total = base.nan_unless(finite, total)
-        # Early stop (Algorithm 1): |v| < sum / b^tau cannot pass the threshold filter.
-        candidate = (magnitude > 0) & (magnitude >= total * self.base**-self.threshold)
-        candidate |= ~tf.math.is_finite(v)
-        positions = tf.where(candidate)[:, 0]
-        kept = tf.gather(magnitude, positions)
+        # The sum (as received; NaN if a value is not finite) and the early stop of
+        # Algorithm 1, |v| < sum / b^tau, in two C++ passes; the rest runs on the few kept.
+        total, positions = tfgc_ops.magnitude_filter(values, self.base**-self.threshold)
+        v = tf.cast(tf.gather(values, positions), tf.float64)
+        kept = tf.abs(tf.where(tf.math.is_finite(v), v, 0.0))
         level = tf.math.ceil(tf.math.log(total / kept) / tf.math.log(tf.constant(self.base, tf.float64)))
         level = tf.maximum(tf.where(tf.math.is_finite(level), level, 1.0), 1.0)
         # Logarithms round: step up where the rebuilt value would exceed the true one.
         level += tf.cast(self._magnitudes(total, level) > kept, tf.float64)
         passed = level <= self.threshold
         positions, level = tf.boolean_mask(positions, passed), tf.boolean_mask(level, passed)
-        negative = tf.gather(v, positions) < 0
+        negative = tf.boolean_mask(v, passed) < 0
         codes = tf.cast(level - 1.0, tf.int32) | tf.where(negative, SIGN_BIT, 0)
         return {
-            "keys": tfgc_ops.pack_keys(tf.gather(keys, positions), flag_bits=self.flag_bits),
+            "keys": tfgc_ops.pack_keys(positions if keys is None else tf.gather(keys, positions),
+                                       flag_bits=self.flag_bits),
             "values": tf.cast(codes, tf.uint8),
             "sum": tf.cast(total, wire),
             "dtype": tf.zeros([0], values.dtype),
