@@ -70,27 +70,25 @@ class FastSGD(base.Codec):
             return tf.reshape(rows[:, None] * row_size + tf.range(row_size)[None, :], [-1])
 
         def as_given():
-            return element_keys(indices), flat_values
+            return self._encode_pairs(element_keys(indices), flat_values)
 
         def distinct_rows():
             rows, position = tf.unique(indices)
             summed = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
             order = tf.argsort(rows)
-            return element_keys(tf.gather(rows, order)), tf.reshape(tf.gather(summed, order), [-1])
+            return self._encode_pairs(element_keys(tf.gather(rows, order)),
+                                      tf.reshape(tf.gather(summed, order), [-1]))
 
-        def through_dense():
-            dense = tf.reshape(tf.math.unsorted_segment_sum(values, indices, dense_shape[0]), [-1])
-            keys = tf.where(dense != 0)[:, 0]  # zeros are never sent
-            return keys, tf.gather(dense, keys)
+        def through_dense():  # zeros never pass the filter: keys are dense positions
+            dense = tf.math.unsorted_segment_sum(values, indices, dense_shape[0])
+            return self._encode_pairs(None, tf.reshape(dense, [-1]))
 
         # Three ways to the same keys and values, by cost: rows already ascending and
         # distinct are taken as they are; hashing rows costs ~8x a pass over a dense
         # element, so many rows are summed into the dense tensor instead.
         ascending = tf.reduce_all(indices[1:] > indices[:-1])
         many = tf.size(flat_values, out_type=tf.int64) * 8 > dense_shape[0] * row_size
-        keys, summed = tf.cond(
-            ascending, as_given, lambda: tf.cond(many, through_dense, distinct_rows))
-        payload = self._encode_pairs(keys, summed)
+        payload = tf.cond(ascending, as_given, lambda: tf.cond(many, through_dense, distinct_rows))
         payload["dense_shape"] = tf.cast(dense_shape, tf.int32)
         return payload
 
