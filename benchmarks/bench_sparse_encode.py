@@ -14,9 +14,12 @@ rows (5k-500k of 2^20, normal values: not data, the case of an earlier microbenc
 """
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The reference models (`models`) live beside the package, at the repository root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
