@@ -271,9 +271,15 @@ def read_idx(path):
     return array.reshape(shape)
 
 
+def _fashion_mnist_installed():
+    """Whether Fashion-MNIST's files are installed system-wide (Debian's package)."""
+    return all(os.path.exists(os.path.join(_FASHION_SYSTEM_DIR, f))
+               for f in _FASHION_FILES.values())
+
+
 def fashion_mnist_dir(root=None):
     """Directory with Fashion-MNIST's four .gz files (fetched from Debian if needed)."""
-    if all(os.path.exists(os.path.join(_FASHION_SYSTEM_DIR, f)) for f in _FASHION_FILES.values()):
+    if _fashion_mnist_installed():
         return _FASHION_SYSTEM_DIR
     package = debian_package_dir("dataset-fashion-mnist", root)
     return os.path.join(package, _FASHION_SYSTEM_DIR.lstrip("/"))
@@ -504,9 +510,7 @@ def debian_packages_for(name, allow_substitute=False):
     """The Debian packages that loading dataset `name` may fetch."""
     if name in SPARSE_DATASETS:
         return ["weka"]
-    fashion_installed = all(os.path.exists(os.path.join(_FASHION_SYSTEM_DIR, f))
-                            for f in _FASHION_FILES.values())
-    if not fashion_installed and (
+    if not _fashion_mnist_installed() and (
             name == "fashion_mnist" or (name in _CIFAR_ARCHIVES and allow_substitute)):
         return ["dataset-fashion-mnist"]
     return []

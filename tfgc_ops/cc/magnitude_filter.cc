@@ -1,9 +1,18 @@
 #include "magnitude_filter.h"
 
 #include <cmath>
+#include <limits>
 
 namespace tfgc {
 namespace magnitude_filter {
+namespace {
+
+// False for Inf and NaN (a comparison, which stays branch-free in the summing loop).
+inline bool IsFinite(double magnitude) {
+  return magnitude <= std::numeric_limits<double>::max();
+}
+
+}  // namespace
 
 template <typename T>
 MagnitudeSum SumMagnitudes(const T* v, int64_t begin, int64_t end) {
@@ -12,7 +21,7 @@ MagnitudeSum SumMagnitudes(const T* v, int64_t begin, int64_t end) {
   bool finite = true;
   for (int64_t i = begin; i < end; ++i) {
     const double magnitude = std::fabs(static_cast<double>(v[i]));
-    const bool is_finite = magnitude <= 1.7976931348623157e308;  // false for Inf and NaN
+    const bool is_finite = IsFinite(magnitude);
     finite &= is_finite;
     partial[i & 3] += is_finite ? magnitude : 0.0;
   }
@@ -27,9 +36,10 @@ void AppendCandidates(const T* v, int64_t begin, int64_t end, double floor,
                       std::vector<int64_t>* positions) {
   for (int64_t i = begin; i < end; ++i) {
     const double magnitude = std::fabs(static_cast<double>(v[i]));
-    const bool is_finite = magnitude <= 1.7976931348623157e308;
     // Rare (the filter keeps few values), so a branch predicts well.
-    if ((magnitude > 0.0 && magnitude >= floor) || !is_finite) positions->push_back(i);
+    if ((magnitude > 0.0 && magnitude >= floor) || !IsFinite(magnitude)) {
+      positions->push_back(i);
+    }
   }
 }
 

@@ -142,8 +142,8 @@ int64_t FindInvalidByte(const uint8_t* in, int64_t n) {
   return -1;
 }
 
-int64_t DecodedSize(const uint8_t* in, int64_t n) {
-  if (SelectedIsa() == Isa::kSsse3) return internal::DecodedSizeSsse3(in, n);
+int64_t DecodedSizeWith(Isa isa, const uint8_t* in, int64_t n) {
+  if (isa == Isa::kSsse3) return internal::DecodedSizeSsse3(in, n);
   int64_t size = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t b = in[i];
@@ -216,6 +216,8 @@ void DecodeWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out, int64_t out
 void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
   DecodeWith(SelectedIsa(), in, n, out, out_size);
 }
+
+int64_t DecodedSize(const uint8_t* in, int64_t n) { return DecodedSizeWith(SelectedIsa(), in, n); }
 
 ParallelEncoder::ParallelEncoder(const uint8_t* in, int64_t n, int64_t block_size,
                                  uint8_t* scratch)

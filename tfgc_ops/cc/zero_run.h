@@ -49,6 +49,8 @@ int64_t FindInvalidByte(const uint8_t* in, int64_t n);
 
 // Number of bytes that in[0, n) decodes to. Never overflows for n < 2^59.
 int64_t DecodedSize(const uint8_t* in, int64_t n);
+// DecodedSize on a given path; `isa` must be supported.
+int64_t DecodedSizeWith(Isa isa, const uint8_t* in, int64_t n);
 
 // Decodes in[0, n) into out, which must hold exactly DecodedSize(in, n) bytes.
 void Decode(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size);

@@ -124,6 +124,13 @@ __attribute__((target("ssse3"))) inline void EncodeEight(__m128i v, unsigned mas
   run = e.trail;
 }
 
+// Decoded length of each of sixteen bytes: b - 241 for run bytes (2..14), 1 for
+// literals (b - 241 saturates to 0 or 1 below 243).
+__attribute__((target("ssse3"))) inline __m128i DecodedLengths(__m128i v) {
+  const __m128i run_bias = _mm_set1_epi8(static_cast<char>(kFirstRunByte - 2));
+  return _mm_max_epu8(_mm_subs_epu8(v, run_bias), _mm_set1_epi8(1));
+}
+
 }  // namespace
 
 bool CpuHasSsse3() {
@@ -156,14 +163,11 @@ __attribute__((target("ssse3"))) EncodeState EncodePrefixSsse3(const uint8_t* in
 }
 
 __attribute__((target("ssse3"))) int64_t DecodedSizeSsse3(const uint8_t* in, int64_t n) {
-  const __m128i run_bias = _mm_set1_epi8(static_cast<char>(kFirstRunByte - 2));
-  const __m128i ones = _mm_set1_epi8(1);
   __m128i sums = _mm_setzero_si128();  // two 64-bit lanes
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    const __m128i length = _mm_max_epu8(_mm_subs_epu8(v, run_bias), ones);
-    sums = _mm_add_epi64(sums, _mm_sad_epu8(length, _mm_setzero_si128()));
+    sums = _mm_add_epi64(sums, _mm_sad_epu8(DecodedLengths(v), _mm_setzero_si128()));
   }
   int64_t size = _mm_cvtsi128_si64(sums) + _mm_cvtsi128_si64(_mm_srli_si128(sums, 8));
   for (; i < n; ++i) size += in[i] >= kFirstRunByte ? in[i] - (kFirstRunByte - 2) : 1;
@@ -177,8 +181,6 @@ __attribute__((target("ssse3"))) DecodeState DecodePrefixSsse3(const uint8_t* in
   constexpr int64_t kRoom = 16 * kMaxRun + 16;
   const __m128i zero_groups = _mm_set1_epi8(static_cast<char>(kZeroGroup));
   const __m128i largest_literal = _mm_set1_epi8(static_cast<char>(kMaxLiteral));
-  const __m128i run_bias = _mm_set1_epi8(static_cast<char>(kFirstRunByte - 2));
-  const __m128i ones = _mm_set1_epi8(1);
   DecodeState s;
   for (; s.i + 16 <= n && s.o + kRoom <= out_size; s.i += 16) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + s.i));
@@ -189,8 +191,7 @@ __attribute__((target("ssse3"))) DecodeState DecodePrefixSsse3(const uint8_t* in
       s.o += 16;
       continue;
     }
-    // Lengths: b - 241 for run bytes (2..14), 1 for literals (b - 241 saturates to 0 or 1).
-    const __m128i length = _mm_max_epu8(_mm_subs_epu8(v, run_bias), ones);
+    const __m128i length = DecodedLengths(v);
     __m128i end = length;  // inclusive prefix sum, at most 224: fits a byte
     end = _mm_add_epi8(end, _mm_slli_si128(end, 1));
     end = _mm_add_epi8(end, _mm_slli_si128(end, 2));

@@ -5,7 +5,8 @@
 // block visiting order (top 2 bits); the remaining bytes are the encoded stream.
 //
 // Checks:
-//   * DecodedSize equals a naive count; Decode, and DecodeWith on every instruction set
+//   * DecodedSize (and DecodedSizeWith on every instruction set) equals a naive count;
+//     Decode, and DecodeWith on every instruction set
 //     the CPU runs, into a heap buffer of exactly that size (ASan catches any write past
 //     it) give what a naive byte-by-byte decoder gives.
 //   * The decoded bytes are all <= 242: FindInvalidByte finds nothing.
@@ -40,6 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zr::Decode(in, n, decoded.get(), decoded_size);
   Check(std::equal(expected.begin(), expected.end(), decoded.get()), "Decode content");
   for (zr::Isa isa : tfgc_fuzz::SupportedIsas()) {
+    Check(zr::DecodedSizeWith(isa, in, n) == decoded_size, "DecodedSizeWith");
     std::unique_ptr<uint8_t[]> other(new uint8_t[decoded_size]);
     zr::DecodeWith(isa, in, n, other.get(), decoded_size);
     Check(std::equal(expected.begin(), expected.end(), other.get()), "DecodeWith content");
