@@ -327,17 +327,32 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     return rows
 
 
-def _dead_task(cluster):
-    """A sentence naming a dead task of `cluster` (a LocalCluster or None), or None."""
+# How long a failed step waits for a task's death to become visible. A killed server's
+# sockets close (and the coordinator's call fails) before the kernel lets its parent
+# reap it, so `poll()` can still see it running for a moment, longer on a busy machine.
+DEAD_TASK_GRACE_S = 10.0
+
+
+def _dead_task(cluster, grace_s=DEAD_TASK_GRACE_S):
+    """A sentence naming a dead task of `cluster` (a LocalCluster or None), or None.
+
+    Called after a step failed: looks again for up to `grace_s` seconds before it
+    concludes that every task is alive (only a failure that no dead task explains
+    waits that long).
+    """
     from tfgc import cluster as cluster_lib
 
     if cluster is None:
         return None
-    try:
-        cluster.check_alive()
-    except cluster_lib.ClusterError as error:
-        return str(error).splitlines()[0]
-    return None
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            cluster.check_alive()
+        except cluster_lib.ClusterError as error:
+            return str(error).splitlines()[0]
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 # --- multi-worker launcher --------------------------------------------------------------

@@ -57,6 +57,30 @@ def test_parse_compression():
         train.parse_compression("threelc:bits=3")
 
 
+class _TaskSeenDeadLate:
+    """A cluster whose dead task becomes visible only at the `visible_at`-th look, as a
+    killed server's parent can reap it only after its sockets have already closed."""
+
+    def __init__(self, visible_at):
+        self.visible_at, self.looks = visible_at, 0
+
+    def check_alive(self):
+        from tfgc import cluster as cluster_lib
+
+        self.looks += 1
+        if self.looks >= self.visible_at:
+            raise cluster_lib.ClusterError("/job:ps/task:0 exited with code -9\nlog tail")
+
+
+def test_a_failed_step_waits_for_a_dying_task_to_become_visible():
+    assert train._dead_task(_TaskSeenDeadLate(3), grace_s=5.0) == (
+        "/job:ps/task:0 exited with code -9")
+    # With every task alive, it gives up after the grace period, having looked again.
+    alive = _TaskSeenDeadLate(visible_at=10**9)
+    assert train._dead_task(alive, grace_s=0.3) is None and alive.looks >= 2
+    assert train._dead_task(None) is None
+
+
 def test_parser_rejects_bad_compression(capsys):
     with pytest.raises(SystemExit):
         train.main(["--compression", "nope"])
