@@ -359,6 +359,24 @@ def test_cast_compiled_for_large_tensors_matches_the_plain_path(rng, dtype, inpu
     assert np.isinf(compiled[2:4].astype(np.float32)).all()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cast_batch_sends_each_tensors_bytes_in_turn(rng, dtype):
+    codec = C.Cast(dtype)
+    xs = [tf.constant(gradient_like(rng, shape) * 1e4) for shape in ([3, 4], [5], [1, 2, 2])]
+    payload, sents = codec.encode_and_reconstruct_batch(xs)
+    apart = [codec.encode(x) for x in xs]
+    np.testing.assert_array_equal(
+        payload["values"].numpy().view(np.uint16),
+        np.concatenate([p["values"].numpy().reshape(-1) for p in apart]).view(np.uint16))
+    for x, sent, decoded, alone in zip(xs, sents, codec.decode_batch(payload, [x.shape for x in xs]),
+                                       apart):
+        assert sent.shape == x.shape and decoded.shape == x.shape
+        np.testing.assert_array_equal(sent.numpy(), codec.decode(alone).numpy())
+        np.testing.assert_array_equal(decoded.numpy(), sent.numpy())
+    with pytest.raises(ValueError, match="one dtype"):
+        codec.encode_batch([xs[0], tf.cast(xs[1], tf.float64)])
+
+
 def test_malformed_payload_is_refused(rng):
     x = gradient_like(rng, [100])
     for codec in (C.Quantize(4), C.QSGD(4, seed=1), C.OneBit(), C.LogQuant(3), C.StochasticTernary(seed=1)):

@@ -81,7 +81,8 @@ def test_malformed_fused_messages_decode_to_the_expected_shape_or_fail_cleanly(c
     assert outcomes["refused"] > 0, outcomes  # cuts and extensions at least
 
 
-@pytest.mark.parametrize("codec", [C.ThreeLC(1.0), C.ThreeLC(1.75)], ids=repr)
+@pytest.mark.parametrize(
+    "codec", [C.ThreeLC(1.0), C.ThreeLC(1.75), C.Cast("float16"), C.Cast("bfloat16")], ids=repr)
 def test_malformed_batched_messages_decode_to_the_expected_shapes_or_fail_cleanly(codec):
     rng = np.random.default_rng(1)
     shapes = [(3, 3, 8, 8), (7,), (20, 33)]

@@ -185,6 +185,31 @@ def check_one_dtype(tensors, codec_name):
                          f"{sorted(d.name for d in dtypes) or 'no tensor'}")
 
 
+def concat_flat(tensors):
+    """`tensors` flattened and concatenated into one vector.
+
+    A traced step builds this for many tensors at once: one shape constant serves them
+    all (a plain `tf.reshape(t, [-1])` adds one per tensor).
+    """
+    flat = tf.constant([-1])
+    return tf.concat([tf.reshape(t, flat) for t in tensors], axis=0)
+
+
+def split_flat(flat, shapes):
+    """Inverse of `concat_flat`: the vector `flat` cut into tensors of the static
+    `shapes`, in order, with one shape constant per distinct shape."""
+    shapes = [tf.TensorShape(shape) for shape in shapes]
+    sizes = [shape.num_elements() for shape in shapes]
+    parts = tf.split(flat, sizes) if len(shapes) > 1 else [flat]
+    constants = {}
+    for shape in shapes:
+        key = tuple(shape.as_list())
+        if key not in constants:
+            constants[key] = tf.constant(key, tf.int32, shape=[len(key)])
+    return [tf.reshape(part, constants[tuple(shape.as_list())])
+            for part, shape in zip(parts, shapes)]
+
+
 def shape_of(x):
     """The shape of `x` as an int32 tensor for a payload."""
     return tf.shape(x, out_type=tf.int32)

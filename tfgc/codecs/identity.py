@@ -39,9 +39,14 @@ class Cast(base.Codec):
     Finite values beyond float16's range saturate at +-65504 rather than becoming Inf,
     so only a non-finite input decodes non-finite. Summable: casts commute with sums up
     to rounding.
+
+    Batched (`encode_batch`): the tensors' values, flattened and concatenated, cast in
+    one op; the same bytes as each tensor's payload, one after the other. The fused
+    wires send a model's small tensors (biases, batch-norm parameters) this way.
     """
 
     summable = True
+    batched = True
 
     def __init__(self, dtype="float16"):
         self.dtype = tf.as_dtype(dtype)
@@ -65,6 +70,15 @@ class Cast(base.Codec):
 
     def decode(self, payload):
         return tf.cast(payload["values"], payload["dtype"].dtype)
+
+    def encode_and_reconstruct_batch(self, tensors):
+        tensors = [base.check_floating(x, self.name) for x in tensors]
+        base.check_one_dtype(tensors, self.name)
+        payload = self.encode(base.concat_flat(tensors))
+        return payload, base.split_flat(self.decode(payload), [x.shape for x in tensors])
+
+    def decode_batch(self, payload, shapes):
+        return base.split_flat(self.decode(payload), shapes)
 
 
 def _slices_payload(slices, codec_name):

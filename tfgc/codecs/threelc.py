@@ -32,10 +32,24 @@ def _quantize_and_fold(x, sparsity):
 
 
 def _unfold_and_scale(data, scale, shape):
-    """Inverse of the folding: the prod(shape) 3-values times the scale, in its dtype."""
-    n = tf.reduce_prod(tf.cast(shape, tf.int64))
+    """Inverse of the folding: the prod(shape) 3-values times the scale, in its dtype.
+
+    `shape` is a tensor, or a fully defined `tf.TensorShape` (fewer ops in a traced
+    step, which unfolds many tensors).
+    """
+    if isinstance(shape, tf.TensorShape):
+        n = tf.constant(shape.num_elements(), tf.int64)
+        shape = tf.constant(shape.as_list(), tf.int32, shape=[shape.rank])
+    else:
+        n = tf.reduce_prod(tf.cast(shape, tf.int64))
     values = tfgc_ops.quartic_unfold(data, n, tf.cast(scale, tf.float32))
     return tf.cast(tf.reshape(values, shape), scale.dtype)
+
+
+def _shape_for_unfold(x):
+    """`x`'s static shape where fully defined, else its dynamic one."""
+    static = tf.TensorShape(x.shape)
+    return static if static.is_fully_defined() else tf.shape(x)
 
 
 class ThreeLC(base.Codec):
@@ -100,7 +114,7 @@ class ThreeLC(base.Codec):
     def encode_and_reconstruct(self, x):
         payload, folded = self._encode_folded(x)
         # The folded bytes unfolded: what the receiver decodes, exactly, by construction.
-        return payload, self._unfold_and_scale(folded, payload["scale"], tf.shape(x))
+        return payload, self._unfold_and_scale(folded, payload["scale"], _shape_for_unfold(x))
 
     def _encode_folded(self, x):
         """(payload, the quartic bytes before zero-run or entropy coding)."""
@@ -129,13 +143,13 @@ class ThreeLC(base.Codec):
         groups = [quartic.groups_for(x.shape.num_elements()) for x in tensors]
         payload = {"data": self._compress(tf.concat(folded, axis=0), groups),
                    "scales": tf.stack(scales)}
-        return payload, [self._unfold_and_scale(part, scale, tf.shape(x))
+        return payload, [self._unfold_and_scale(part, scale, _shape_for_unfold(x))
                          for part, scale, x in zip(folded, scales, tensors)]
 
     def decode_batch(self, payload, shapes):
         shapes = [tuple(int(d) for d in shape) for shape in shapes]
         groups = [quartic.groups_for(int(np.prod(s, dtype=np.int64))) for s in shapes]
         folded = self._expand(payload["data"], groups)
-        scales = payload["scales"]
-        return [self._unfold_and_scale(part, scales[i], shape)
-                for i, (part, shape) in enumerate(zip(tf.split(folded, groups), shapes))]
+        scales = tf.unstack(payload["scales"], num=len(shapes))
+        return [self._unfold_and_scale(part, scale, tf.TensorShape(shape))
+                for part, scale, shape in zip(tf.split(folded, groups), scales, shapes)]

@@ -281,9 +281,11 @@ class CompressingBase:
         """Gradients with one key travel as one payload of a batched codec
         (`Codec.batched`) on fused wires; None: `variable`'s travels on its own."""
         codec = self.wire_codec(variable)
-        if not self.compresses(variable) or not codec.batched:
+        if not codec.batched:
             return None
-        has_residual = self._residual_key(variable) in self._residuals
+        # Small tensors (the small-tensor codec's) keep no residual.
+        has_residual = (self.compresses(variable)
+                        and self._residual_key(variable) in self._residuals)
         return id(codec), variable.dtype, has_residual
 
     def wire_batch_payload(self, pairs):
@@ -292,7 +294,7 @@ class CompressingBase:
         codec = self.wire_codec(pairs[0][1])
         gradients = [tf.convert_to_tensor(g) for g, _ in pairs]
         residuals = [self._residuals.get(self._residual_key(v)) for _, v in pairs]
-        if residuals[0] is None:
+        if residuals[0] is None or not self.compresses(pairs[0][1]):
             return codec.encode_batch(gradients)
         return feedback_batch_step(codec, gradients, residuals)[0]
 

@@ -261,11 +261,8 @@ def split_bytes(total, sizes):
     holds, in proportion to their `sizes` (elements), adding up to `total` exactly."""
     if len(sizes) == 1 or not sum(sizes):
         return [tf.zeros_like(total)] * (len(sizes) - 1) + [total]
-    whole, shares = sum(sizes), []
-    before, cumulative = tf.constant(0, tf.int64), 0
-    for size in sizes:
-        cumulative += size
-        upto = total * cumulative // whole
-        shares.append(upto - before)
-        before = upto
-    return shares
+    # Share i is floor(total * (sizes up to i) / all) minus the one before it: a few
+    # vector ops for the payload, not a few ops per tensor.
+    cumulative = tf.constant(np.cumsum([0] + list(sizes)), tf.int64)
+    upto = total * cumulative // sum(sizes)
+    return tf.unstack(upto[1:] - upto[:-1], num=len(sizes))

@@ -18,16 +18,22 @@ selection is arithmetic (no cond across devices), so the only tensors that cross
 the state going to the server and the message coming back. A new cache (the first
 step, or a restarted worker, whose per-worker variables TensorFlow recreates) is
 unsynced and takes one full pull of all variables.
+
+Both sides work on the group's values as one flat vector (variables in payload order,
+so each payload's are contiguous): the subtraction, the snapshot update, the full
+section and the cache update are one op each for the group, not one per variable.
+That keeps the traced step small, which is most of what a first step costs.
 """
 import weakref
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
 
+from tfgc.codecs import base
 from tfgc.distribute import (
     colocated_with, dense_nbytes, local_variable, num_workers, worker_index)
 from tfgc.wire.message import (
-    Layout, from_bytes, payload_units, shares_by_position, spread, to_bytes)
+    Layout, from_bytes, payload_units, shares_by_position, to_bytes)
 
 
 class ParameterServerPull:
@@ -56,7 +62,13 @@ class ParameterServerPull:
         self._sizes = [v.master.shape.num_elements() for v in self.variables]
         # Variables whose (batched) codec is shared travel as one payload.
         self._units = payload_units([id(c) if c.batched else None for c in self.codecs])
-        self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
+        # Positions in the flat vector: payload by payload, so each unit's are contiguous.
+        self._order = [i for unit in self._units for i in unit]
+        self._offsets = [0] * len(self._sizes)
+        offset = 0
+        for i in self._order:
+            self._offsets[i] = offset
+            offset += self._sizes[i]
         self.synced = local_variable(tf.constant(False), "pull_synced", per_worker=True)
         with colocated_with(self.variables[0].master):
             self.snapshots = local_variable(
@@ -97,28 +109,28 @@ class ParameterServerPull:
             [f"pull message from {self.device}: full section of the wrong size"])
         with tf.control_dependencies([full_size]):
             full = tf.identity(full)
-        deltas = spread(self._units, [  # decoded outside the cond: see tfgc.variables
-            self.codecs[unit[0]].decode_group(
-                payload, [self.variables[i].master.shape for i in unit])
-            for unit, payload in zip(self._units, unpacked)])
-        currents = [gen_resource_variable_ops.read_variable_op(cache, self.dtype)
-                    for cache in caches]
-
-        def full_values():
-            width = self.dtype.size
-            return [tf.reshape(from_bytes(full[offset * width:(offset + size) * width],
-                                          self.dtype), variable.master.shape)
-                    for variable, offset, size in zip(self.variables, self._offsets, self._sizes)]
-
-        # One cond for the group (each cond costs two function graphs to trace).
-        news = tf.cond(synced, lambda: [c + d for c, d in zip(currents, deltas)], full_values)
-        updates = [gen_resource_variable_ops.assign_variable_op(cache, new)
-                   for cache, new in zip(caches, news)]
+        # Decoded outside the cond: see tfgc.variables.
+        deltas = base.concat_flat([
+            delta for unit, payload in zip(self._units, unpacked)
+            for delta in self.codecs[unit[0]].decode_group(
+                payload, [self.variables[i].master.shape for i in unit])])
+        currents = base.concat_flat([
+            gen_resource_variable_ops.read_variable_op(caches[i], self.dtype)
+            for i in self._order])
+        # One cond for the group, on its flat vector (each cond traces two functions).
+        news = tf.cond(synced, lambda: currents + deltas,
+                       lambda: from_bytes(full, self.dtype))
+        updates = [gen_resource_variable_ops.assign_variable_op(caches[i], new)
+                   for i, new in zip(self._order, self._split(news))]
         with tf.control_dependencies(updates):
             done = gen_resource_variable_ops.assign_variable_op(synced_handle, True)
         if self._count is not None:
             self._count(self._counted(layout, unpacked, full, synced))
         return done
+
+    def _split(self, flat):
+        """The variables' tensors, shaped, from the group's flat vector (flat order)."""
+        return base.split_flat(flat, [self.variables[i].master.shape for i in self._order])
 
     def _counted(self, layout, payloads, full, synced):
         """[(master, bytes of the message it accounts for)]: its share of its payload,
@@ -128,8 +140,9 @@ class ParameterServerPull:
         counted = shares_by_position(self._units, per_payload, self._sizes)
         counted[0] += full_share - tf.size(full, out_type=tf.int64)
         full_pull = tf.where(synced, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
-        return [(v.master, nbytes + full_pull * dense_nbytes(v.master))
-                for nbytes, v in zip(counted, self.variables)]
+        dense = tf.constant([dense_nbytes(v.master) for v in self.variables], tf.int64)
+        counted = tf.unstack(tf.stack(counted) + full_pull * dense, num=len(self.variables))
+        return list(zip((v.master for v in self.variables), counted))
 
     def _serve(self, state):
         """The server's side: encodes every delta and updates the snapshots (stateful
@@ -138,22 +151,23 @@ class ParameterServerPull:
         worker, synced = state[0], state[1] > 0
         rows = tf.reshape(worker, [1])
         row = tf.gather(self.snapshots, worker)
-        values, snapshots = [], []
-        for variable, offset, size in zip(self.variables, self._offsets, self._sizes):
-            values.append(variable.master.read_value())
-            snapshots.append(tf.reshape(row[offset:offset + size], variable.master.shape))
+        values = base.concat_flat([self.variables[i].master.read_value() for i in self._order])
+        deltas = values - row
         # The reconstructions are the receiver's decodings.
         payloads, sent_by_unit = zip(*(
-            self.codecs[unit[0]].encode_and_reconstruct_group(
-                [values[i] - snapshots[i] for i in unit])
+            self.codecs[unit[0]].encode_and_reconstruct_group(self._split_unit(deltas, unit))
             for unit in self._units))
-        payloads, sents = list(payloads), spread(self._units, sent_by_unit)
-        snapshots_after = [tf.reshape(tf.where(synced, snapshot + sent, value), [-1])
-                           for value, snapshot, sent in zip(values, snapshots, sents)]
-        full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8),
-                       lambda: tf.concat([to_bytes(v) for v in values], axis=0))
-        layout, message = Layout.pack(payloads + [{"full": full}])
+        sent = base.concat_flat([t for unit_sent in sent_by_unit for t in unit_sent])
+        new_row = tf.where(synced, row + sent, values)
+        full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8), lambda: to_bytes(values))
+        layout, message = Layout.pack(list(payloads) + [{"full": full}])
         with tf.control_dependencies([message]):  # encoded before the snapshots move
-            new_row = tf.concat(snapshots_after, axis=0)
             self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
         return message, layout
+
+    def _split_unit(self, flat, unit):
+        """The tensors of payload `unit`, shaped, from the group's flat vector."""
+        start = self._offsets[unit[0]]
+        size = sum(self._sizes[i] for i in unit)
+        return base.split_flat(flat[start:start + size],
+                               [self.variables[i].master.shape for i in unit])
