@@ -82,14 +82,23 @@ def _ratio(value):
     return "fp32" if value is None else f"{value:.1f}x"
 
 
+def _first_epoch(summary, base):
+    """The first Keras epoch's time (tracing and graph optimization included), and
+    its ratio to the uncompressed run's on the same link."""
+    if summary.get("first_epoch_s") is None or not base.get("first_epoch_s"):
+        return "-"
+    return (f"{summary['first_epoch_s']:.1f} "
+            f"({summary['first_epoch_s'] / base['first_epoch_s']:.2f}x)")
+
+
 def results_table(summaries):
     """A Markdown table of the runs; ratios against the uncompressed run on the same link."""
     base = {s["link"]: s for s in summaries if s["compression"] == summaries[0]["compression"]}
     lines = [
         "| link | compression | test acc | train loss | worker->PS MB/step | PS->worker MB/step "
         "| worker->PS ratio (socket) | PS->worker ratio (socket) | push payload ratio "
-        "| pull payload ratio | step time (s) | train time (s) | speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| pull payload ratio | step time (s) | first epoch (s) | train time (s) | speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         b = base[s["link"]]
@@ -100,7 +109,7 @@ def results_table(summaries):
             f"| {b['socket_worker_to_ps_bytes_per_step'] / up:.1f}x "
             f"| {b['socket_ps_to_worker_bytes_per_step'] / down:.1f}x "
             f"| {s['payload_ratio']:.1f}x | {_ratio(s.get('pull_payload_ratio'))} "
-            f"| {s['step_time_s']:.3f} | {s['train_time_s']:.0f} "
+            f"| {s['step_time_s']:.3f} | {_first_epoch(s, b)} | {s['train_time_s']:.0f} "
             f"| {b['step_time_s'] / s['step_time_s']:.1f}x |"
         )
     return "\n".join(lines)
@@ -193,8 +202,10 @@ def main(argv=None):
         "model deltas).\nWeight decay: "
         f"{args.weight_decay_mode} (see models.train --weight-decay-mode).\n"
         "Links: loopback, and emulated links (tc token buckets on what each task sends, "
-        "tfgc.cluster); speedup = fp32's step time / this run's on the same link; train "
-        "time = wall time of the run's training." + (f"\n{link_note}" if link_note else "")
+        "tfgc.cluster); speedup = fp32's step time / this run's on the same link; first "
+        "epoch = the first Keras epoch's wall time, tracing and graph optimization "
+        "included (against fp32's on the same link); train time = wall time of the run's "
+        "training." + (f"\n{link_note}" if link_note else "")
     )
     table = results_table(summaries)
     limits = speedup_limits(summaries)

@@ -288,6 +288,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     summary["step_time_s"] = (
         (rows[-1]["time_s"] - first_row["time_s"]) / later if later > 0
         else rows[-1]["time_s"] / steps_done)
+    # This attempt's first Keras epoch: its steps plus tracing and graph optimization.
+    summary["first_epoch_s"] = first_row["time_s"]
     for key in ("loss", "accuracy"):
         tail = [r[key] for r in rows if r[key] is not None and r["step"] > steps_done - steps_per_epoch]
         summary["final_train_" + key] = float(np.mean(tail)) if tail else None

@@ -81,6 +81,20 @@ def test_a_failed_step_waits_for_a_dying_task_to_become_visible():
     assert train._dead_task(None) is None
 
 
+def test_demo_table_gives_each_first_epoch_against_fp32s():
+    from models import cluster_demo
+
+    fp32 = {"link": "loopback", "compression": "none", "test_accuracy": 0.5,
+            "final_train_loss": 1.0, "socket_worker_to_ps_bytes_per_step": 1e6,
+            "socket_ps_to_worker_bytes_per_step": 1e6, "payload_ratio": 1.0,
+            "step_time_s": 0.4, "train_time_s": 50, "first_epoch_s": 8.0}
+    threelc = dict(fp32, compression="threelc", first_epoch_s=10.0, pull_payload_ratio=20.0)
+    unknown = {k: v for k, v in threelc.items() if k != "first_epoch_s"}  # an older summary
+    rows = cluster_demo.results_table([fp32, threelc, unknown]).splitlines()[2:]
+    column = rows[0].split(" | ").index("8.0 (1.00x)")
+    assert [row.split(" | ")[column] for row in rows] == ["8.0 (1.00x)", "10.0 (1.25x)", "-"]
+
+
 def test_parser_rejects_bad_compression(capsys):
     with pytest.raises(SystemExit):
         train.main(["--compression", "nope"])

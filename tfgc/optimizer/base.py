@@ -245,10 +245,11 @@ class CompressingBase:
         other = len(self._traffic_names) - 1
         columns = [min(self._variable_index(v), other) for v, _ in sent]
         indices = [[row, c] for row in (0, 1) for c in columns]
-        updates = [tf.cast(b, tf.int64) for _, b in sent]
-        updates += [tf.constant(dense_nbytes(v), tf.int64) for v, _ in sent]
+        # One constant for all the dense sizes: a traced step records many variables.
+        updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
+                             tf.constant([dense_nbytes(v) for v, _ in sent], tf.int64)], 0)
         counter = self._traffic[direction]
-        counter.assign_add(tf.scatter_nd(indices, tf.stack(updates), counter.shape))
+        counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
     def _record_uncounted(self):
         """Counts what `_record` was given before the counters existed (same trace)."""
