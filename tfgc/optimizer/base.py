@@ -1,5 +1,6 @@
 """What tfgc's optimizers share, whichever Keras they extend: codecs bound per variable,
 error-feedback buffers, traffic counters and the wires (see `tfgc.optimizer`)."""
+import contextlib
 import json
 import warnings
 
@@ -245,11 +246,17 @@ class CompressingBase:
         other = len(self._traffic_names) - 1
         columns = [min(self._variable_index(v), other) for v, _ in sent]
         indices = [[row, c] for row in (0, 1) for c in columns]
-        # One constant for all the dense sizes: a traced step records many variables.
-        updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
-                             tf.constant([dense_nbytes(v) for v, _ in sent], tf.int64)], 0)
         counter = self._traffic[direction]
-        counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
+        # Under ParameterServerStrategy the update is built on the counter's server,
+        # where the wires count their bytes: a dense update made on the worker would
+        # cross the wire every step.
+        place = (tf.device(counter.device) if is_parameter_server(tf.distribute.get_strategy())
+                 else contextlib.nullcontext())
+        with place:
+            # One constant for all the dense sizes: a traced step records many variables.
+            updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
+                                 tf.constant([dense_nbytes(v) for v, _ in sent], tf.int64)], 0)
+            counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
     def _record_uncounted(self):
         """Counts what `_record` was given before the counters existed (same trace)."""

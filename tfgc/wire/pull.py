@@ -101,7 +101,7 @@ class ParameterServerPull:
         synced = gen_resource_variable_ops.read_variable_op(synced_handle, tf.bool)
         state = tf.stack([worker_index(), tf.cast(synced, tf.int32)])
         with tf.device(self.device):
-            message, layout = self._serve(state)
+            message, layout, counted = self._serve(state)
         unpacked = layout.unpack(message, name=f"pull message from {self.device}")
         full = unpacked.pop()["full"]
         full_size = tf.debugging.Assert(  # a bare Assert: see Layout.unpack
@@ -125,7 +125,7 @@ class ParameterServerPull:
         with tf.control_dependencies(updates):
             done = gen_resource_variable_ops.assign_variable_op(synced_handle, True)
         if self._count is not None:
-            self._count(self._counted(layout, unpacked, full, synced))
+            self._count(counted)
         return done
 
     def _split(self, flat):
@@ -147,7 +147,10 @@ class ParameterServerPull:
     def _serve(self, state):
         """The server's side: encodes every delta and updates the snapshots (stateful
         ops of the step: they run without anyone waiting on them); returns (message,
-        its layout)."""
+        its layout, the bytes counted per variable or None without `count`).
+
+        The counts are made here, from what is sent, so that they reach the traffic
+        counters (on a server) without crossing the wire."""
         worker, synced = state[0], state[1] > 0
         rows = tf.reshape(worker, [1])
         row = tf.gather(self.snapshots, worker)
@@ -163,7 +166,9 @@ class ParameterServerPull:
         layout, message = Layout.pack(list(payloads) + [{"full": full}])
         with tf.control_dependencies([message]):  # encoded before the snapshots move
             self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
-        return message, layout
+        counted = (None if self._count is None
+                   else self._counted(layout, list(payloads), full, synced))
+        return message, layout, counted
 
     def _split_unit(self, flat, unit):
         """The tensors of payload `unit`, shaped, from the group's flat vector."""

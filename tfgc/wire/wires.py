@@ -65,11 +65,13 @@ class _FusedWire(Wire):
                     else self.sender.wire_batch_payload([pairs[i] for i in unit])
                     for unit in units]
         layout, message = Layout.pack(payloads)
-        nbytes = shares_by_position(units, layout.payload_nbytes(payloads),
-                                    [v.shape.num_elements() for _, v in pairs])
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
             unpacked = layout.unpack(message, name=f"fused message for {destination or 'here'}")
+            # Counted from what arrived, where it arrived: the byte counts then reach
+            # the traffic counters (on a server) without crossing the wire themselves.
+            nbytes = shares_by_position(units, layout.payload_nbytes(unpacked),
+                                        [v.shape.num_elements() for _, v in pairs])
             decoded = spread(units, [
                 self.sender.wire_codec(pairs[unit[0]][1]).decode_group(
                     payload, [pairs[i][1].shape for i in unit])
