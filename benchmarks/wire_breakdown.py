@@ -1,0 +1,279 @@
+"""What crosses from a worker to its parameter server in one training step, by kind.
+
+Runs `python -m models.train --strategy ps --ps 1 --workers N` (ResNet-20 and one
+worker by default), waits for steady steps, records what worker 0 writes to its sockets with
+`strace` for a few seconds, splits the bytes bound for the parameter server into
+HTTP/2 frames and gRPC messages, and sorts the messages by what TensorFlow's runtime
+uses them for:
+
+  function call    the worker asks the server to run its part of the step
+                   (RunComponentFunction); its size grows with the remote resource
+                   handles it carries, one per resource that part touches
+  tensor requests  the worker asks for each tensor it receives from the server
+                   (RecvTensor): batch-norm statistics read by Keras, pull messages,
+                   metric totals, the learning-rate step
+  tensors sent     the server fetches each tensor the worker made for it: the fused
+                   message (uint8) and the float tensors Keras writes (batch-norm
+                   moving statistics), ints
+  framing          HTTP/2 frame headers, gRPC headers, window updates, pings
+
+Per step = bytes / the function calls seen. It needs `strace` and the right to trace
+a child process (root, or ptrace_scope 0):
+
+    python benchmarks/wire_breakdown.py --compression threelc:sparsity=1.0
+    python benchmarks/wire_breakdown.py --compression none        # fp32, as Keras sends it
+"""
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SENDMSG = re.compile(r"sendmsg\((\d+), \{msg_name=NULL, msg_namelen=0, msg_iov=\[(.*)\], "
+                      r"msg_iovlen.*= (\d+)$")
+_IOV = re.compile(r'iov_base="((?:\\x[0-9a-f]{2})*)"')
+_DTYPES = {1: "float32", 3: "int32", 4: "uint8", 9: "int64", 10: "bool", 19: "float16"}
+
+
+def descendants(pid):
+    """PIDs of `pid`'s children, recursively (from /proc)."""
+    children = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children[parent].append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children[todo.pop()]:
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def server_pids(root):
+    """{(job, index): pid} of the tfgc servers started under process `root`."""
+    servers = {}
+    for pid in descendants(root):
+        args = cmdline(pid)
+        if b"tfgc._server" in args:
+            job = args[args.index(b"--job") + 1].decode()
+            servers[(job, int(args[args.index(b"--index") + 1]))] = pid
+    return servers
+
+
+def socket_ports(pid):
+    """{socket inode: (local port, remote port)} of `pid`'s TCP sockets."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    ports = {}
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                inode = int(fields[9])
+                if inode in inodes:
+                    ports[inode] = (int(fields[1].rsplit(":", 1)[1], 16),
+                                    int(fields[2].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def fds_to(worker, server):
+    """The worker's socket fds whose other end is `server`'s process."""
+    server_ports = {local for local, _ in socket_ports(server).values()}
+    worker_ports = socket_ports(worker)
+    fds = set()
+    for fd in os.listdir(f"/proc/{worker}/fd"):
+        try:
+            target = os.readlink(f"/proc/{worker}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and int(target[8:-1]) in worker_ports:
+            if worker_ports[int(target[8:-1])][1] in server_ports:
+                fds.add(int(fd))
+    return fds
+
+
+def sent_bytes(strace_path, fds):
+    """{fd: the bytes the traced process sent on it}, in order (partial writes cut)."""
+    streams = collections.defaultdict(bytearray)
+    with open(strace_path) as f:
+        for line in f:
+            match = _SENDMSG.search(line.rstrip())
+            if match and int(match.group(1)) in fds:
+                data = b"".join(bytes.fromhex(b.replace("\\x", ""))
+                                for b in _IOV.findall(match.group(2)))
+                streams[int(match.group(1))] += data[:int(match.group(3))]
+    return streams
+
+
+def grpc_messages(data):
+    """The gRPC messages in a run of HTTP/2 frames (whole frames expected)."""
+    per_stream, i = collections.defaultdict(bytearray), 0
+    while i + 9 <= len(data):
+        length, kind = int.from_bytes(data[i:i + 3], "big"), data[i + 3]
+        stream = int.from_bytes(data[i + 5:i + 9], "big") & 0x7FFFFFFF
+        if kind == 0:  # DATA
+            per_stream[stream] += data[i + 9:i + 9 + length]
+        i += 9 + length
+    messages = []
+    for buffer in per_stream.values():
+        j = 0
+        while j + 5 <= len(buffer):
+            n = int.from_bytes(buffer[j + 1:j + 5], "big")
+            messages.append(bytes(buffer[j + 5:j + 5 + n]))
+            j += 5 + n
+    return messages
+
+
+def tensor_dtype(message):
+    """The dtype of a RecvTensorResponse's tensor, or None if it is not one."""
+    # RecvTensorResponse: field 1 (TensorProto), whose field 1 is the dtype. Its
+    # send_start_micros (field 3) may come first.
+    j = 0
+    if message[:1] == b"\x18":
+        j = 1
+        while j < len(message) and message[j] & 0x80:
+            j += 1
+        j += 1
+    if message[j:j + 1] != b"\n":
+        return None
+    j += 1
+    while j < len(message) and message[j] & 0x80:
+        j += 1
+    j += 1
+    if message[j:j + 1] != b"\x08" or j + 1 >= len(message):
+        return None
+    return _DTYPES.get(message[j + 1], f"dtype {message[j + 1]}")
+
+
+def classify(messages, server_device):
+    """{kind: [count, bytes]} of the messages; the number of function calls."""
+    kinds = collections.defaultdict(lambda: [0, 0])
+    handles = calls = 0
+    for message in messages:
+        if b"_partitioned" in message:
+            calls += 1
+            handles += message.count(server_device) // 2  # device and op_device
+            kind = "function call"
+        elif b";edge_" in message:
+            edge = re.search(rb";edge_\d+_([^;]+);", message).group(1)
+            kind = ("tensor requests: batch-norm statistics" if b"BatchNorm" in edge
+                    else "tensor requests: other")
+        else:
+            dtype = tensor_dtype(message)
+            if dtype == "uint8":
+                kind = "tensors sent: uint8 (fused messages)"
+            elif dtype is not None:
+                kind = f"tensors sent: {dtype}"
+            else:
+                kind = "other messages"
+        kinds[kind][0] += 1
+        kinds[kind][1] += len(message)
+    return kinds, calls, handles
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compression", default="threelc:sparsity=1.0")
+    parser.add_argument("--pull-compression", default=None,
+                        help="default: the same as --compression")
+    parser.add_argument("--model", default="resnet20")
+    parser.add_argument("--dataset", default="fashion_mnist")
+    parser.add_argument("--workers", type=int, default=1, help="worker 0 is traced")
+    parser.add_argument("--warm-epochs", type=int, default=4,
+                        help="Keras epochs (of 10 steps) before tracing starts")
+    parser.add_argument("--seconds", type=float, default=6.0, help="how long to trace")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    if shutil.which("strace") is None:
+        sys.exit("wire_breakdown needs strace (apt-get install strace)")
+    pull = args.pull_compression or args.compression
+    out = tempfile.mkdtemp(prefix="wire_breakdown_")
+    command = [sys.executable, "-m", "models.train", "--strategy", "ps", "--ps", "1",
+               "--workers", str(args.workers), "--model", args.model, "--dataset", args.dataset,
+               "--train-limit", "4000", "--test-limit", "500", "--steps", "10000",
+               "--log-every", "10", "--compression", args.compression,
+               "--pull-compression", pull, "--out", os.path.join(out, "run"),
+               "--timeout", str(args.timeout)]
+    print("[wire_breakdown]", " ".join(command[1:]), flush=True)
+    log = open(os.path.join(out, "train.log"), "w")  # noqa: SIM115 (the run's whole life)
+    run = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + args.timeout
+        while True:
+            if run.poll() is not None:
+                sys.exit(f"the training run ended early (rc {run.returncode}); see {log.name}")
+            if time.monotonic() > deadline:
+                sys.exit(f"no steady steps within {args.timeout} s; see {log.name}")
+            with open(log.name) as f:
+                epochs = re.findall(r"^Epoch (\d+)/", f.read(), re.M)
+            if epochs and int(epochs[-1]) > args.warm_epochs:
+                break
+            time.sleep(1)
+        servers = server_pids(run.pid)
+        worker, server = servers[("worker", 0)], servers[("ps", 0)]
+        fds = fds_to(worker, server)
+        trace = os.path.join(out, "strace.out")
+        subprocess.run(["timeout", str(args.seconds), "strace", "-f", "-qq", "-p", str(worker),
+                        "-e", "trace=sendmsg", "-s", "8000000", "-xx", "-o", trace],
+                       check=False)
+        streams = sent_bytes(trace, fds)
+    finally:
+        os.killpg(run.pid, signal.SIGTERM)
+        run.wait(timeout=60)
+    device = b"/job:ps/replica:0/task:0/device:CPU:0"
+    kinds, calls, handles, total, counted = collections.defaultdict(lambda: [0, 0]), 0, 0, 0, 0
+    for data in streams.values():
+        total += len(data)
+        messages = grpc_messages(data)
+        counted += sum(len(m) for m in messages)
+        these, c, h = classify(messages, device)
+        calls, handles = calls + c, handles + h
+        for kind, (n, b) in these.items():
+            kinds[kind][0] += n
+            kinds[kind][1] += b
+    if not calls:
+        sys.exit("no step was seen while tracing; trace longer (--seconds)")
+    kinds["framing (HTTP/2, gRPC headers)"] = [0, total - counted]
+    print(f"\n{args.model}, --compression {args.compression} --pull-compression {pull}, "
+          f"1 PS + {args.workers} worker(s): worker 0 -> PS, per step of worker 0 over {calls} steps "
+          f"({handles / calls:.0f} remote handles per function call)\n")
+    print("| kind | messages / step | bytes / step | share |\n|---|---|---|---|")
+    for kind, (n, b) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {kind} | {n / calls:.1f} | {b / calls:,.0f} | {b / total:.0%} |")
+    print(f"| all | | {total / calls:,.0f} | 100% |")
+    print(json.dumps({"calls": calls, "handles_per_call": handles / calls,
+                      "bytes_per_step": total / calls,
+                      "kinds": {k: v[1] / calls for k, v in kinds.items()}}))
+    shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
