@@ -72,3 +72,43 @@ def test_ops_reject_non_vectors():
         tfgc_ops.quartic_fold(np.ones(5, np.float32), [1.0])
     with pytest.raises(tf.errors.InvalidArgumentError, match="1-D"):
         tfgc_ops.largest_magnitude(np.ones([2, 2], np.float32))
+
+
+# --- the batch ops: many tensors laid end to end, one call ---------------------------------
+
+SIZES = [0, 1, 7, 5 * 64 * 1024 + 3, 12, 5 * 64 * 1024 * 2 + 11]  # pieces across blocks
+
+
+def test_batch_ops_equal_the_ops_on_each_tensor(rng):
+    xs = [rng.standard_t(3, n).astype(np.float32) for n in SIZES]
+    xs[2][3] = np.nan  # a tensor with a non-finite value: its M is NaN, its 3-values 0
+    xs[4][:] = 0  # an all-zero tensor: M = 0
+    flat = np.concatenate(xs)
+    largest = tfgc_ops.batch_largest_magnitude(flat, SIZES).numpy()
+    alone = [tfgc_ops.largest_magnitude(x).numpy() for x in xs]
+    np.testing.assert_array_equal(largest, alone)
+    scales = largest * 1.5
+    folded = tfgc_ops.batch_quartic_fold(flat, scales, SIZES).numpy()
+    folded_alone = [tfgc_ops.quartic_fold(x, s).numpy() for x, s in zip(xs, scales)]
+    np.testing.assert_array_equal(folded, np.concatenate(folded_alone))
+    values = tfgc_ops.batch_quartic_unfold(folded, scales, SIZES).numpy()
+    values_alone = [tfgc_ops.quartic_unfold(f, x.size, s).numpy()
+                    for f, x, s in zip(folded_alone, xs, scales)]
+    np.testing.assert_array_equal(values, np.concatenate(values_alone))
+
+
+def test_batch_ops_check_their_inputs_against_the_sizes():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch_largest_magnitude: 9 values"):
+        tfgc_ops.batch_largest_magnitude(np.zeros(9, np.float32), [4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch_quartic_fold: 9 values"):
+        tfgc_ops.batch_quartic_fold(np.zeros(9, np.float32), [1.0, 1.0], [4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one scale per tensor"):
+        tfgc_ops.batch_quartic_fold(np.zeros(8, np.float32), [1.0], [4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one scale per tensor"):
+        tfgc_ops.batch_quartic_unfold(np.full(2, 121, np.uint8), [1.0, 1.0, 1.0], [4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 bytes do not hold"):
+        tfgc_ops.batch_quartic_unfold(np.full(3, 121, np.uint8), [1.0, 1.0], [4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="quartic-encoded bytes"):
+        tfgc_ops.batch_quartic_unfold(np.array([121, 243], np.uint8), [1.0, 1.0], [4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sizes must be >= 0"):
+        tfgc_ops.batch_quartic_unfold(np.zeros(0, np.uint8), [1.0], [-5])

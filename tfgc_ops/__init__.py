@@ -17,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "quartic_fold",
-           "quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
+           "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
+           "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
            "unpack_bits", "qsgd_norms", "qsgd_encode", "qsgd_decode",
            "stochastic_ternary_fold", "log_levels_decode", "library_path"]
@@ -175,6 +176,34 @@ def quartic_unfold(quartic, n, scale):
     """
     return _ops.tfgc_quartic_unfold(_as_bytes(quartic, "quartic_unfold"), tf.cast(n, tf.int64),
                                     tf.convert_to_tensor(scale, tf.float32))
+
+
+def batch_largest_magnitude(x, sizes):
+    """`largest_magnitude` of each of a batch of tensors laid end to end in 1-D float32
+    `x`, whose element counts are the Python ints `sizes`: float32 [len(sizes)]."""
+    return _ops.tfgc_batch_largest_magnitude(tf.convert_to_tensor(x, tf.float32),
+                                             sizes=[int(s) for s in sizes])
+
+
+def batch_quartic_fold(x, scales, sizes):
+    """`quartic_fold` of each of a batch of tensors laid end to end in 1-D float32 `x`
+    (element counts: the Python ints `sizes`), tensor i with scale `scales[i]`; their
+    bytes laid end to end (ceil(size / 5) each)."""
+    return _ops.tfgc_batch_quartic_fold(tf.convert_to_tensor(x, tf.float32),
+                                        tf.convert_to_tensor(scales, tf.float32),
+                                        sizes=[int(s) for s in sizes])
+
+
+def batch_quartic_unfold(quartic, scales, sizes):
+    """Inverse of `batch_quartic_fold`: the tensors' float32 values laid end to end.
+
+    Raises:
+      tf.errors.InvalidArgumentError: `quartic` does not hold exactly ceil(size / 5)
+        bytes per tensor, a byte is above 242, or `scales` has not one per tensor.
+    """
+    return _ops.tfgc_batch_quartic_unfold(_as_bytes(quartic, "batch_quartic_unfold"),
+                                          tf.convert_to_tensor(scales, tf.float32),
+                                          sizes=[int(s) for s in sizes])
 
 
 def qsgd_norms(x, bucket_size):
