@@ -377,6 +377,24 @@ def test_cast_batch_sends_each_tensors_bytes_in_turn(rng, dtype):
         codec.encode_batch([xs[0], tf.cast(xs[1], tf.float64)])
 
 
+@pytest.mark.parametrize("codec, count", [
+    (C.Cast("float16"), 1), (C.Cast("float16"), 3), (C.ThreeLC(1.0), 1), (C.ThreeLC(1.0), 3),
+    (C.ThreeLC(1.5, coder="entropy"), 3), (C.Int8(), 1),  # not batched: one tensor a group
+], ids=lambda c: getattr(c, "name", str(c)))
+def test_a_flat_group_is_the_group_laid_end_to_end(rng, codec, count):
+    shapes = [[3, 4], [7], [2, 2, 5]][:count]
+    xs = [tf.constant(gradient_like(rng, shape)) for shape in shapes]
+    flat = tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
+    payload, sent = codec.encode_and_reconstruct_flat(flat, shapes)
+    group_payload, group_sent = codec.encode_and_reconstruct_group(xs)
+    assert sorted(payload) == sorted(group_payload)
+    for key in payload:
+        np.testing.assert_array_equal(payload[key].numpy(), group_payload[key].numpy())
+    expected = np.concatenate([t.numpy().reshape(-1) for t in group_sent])
+    np.testing.assert_array_equal(sent.numpy(), expected)
+    np.testing.assert_array_equal(codec.decode_flat(payload, shapes).numpy(), expected)
+
+
 def test_malformed_payload_is_refused(rng):
     x = gradient_like(rng, [100])
     for codec in (C.Quantize(4), C.QSGD(4, seed=1), C.OneBit(), C.LogQuant(3), C.StochasticTernary(seed=1)):

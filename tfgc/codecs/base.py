@@ -98,6 +98,21 @@ class Codec(abc.ABC):
             return [self.decode(payload)]
         return self.decode_batch(payload, shapes)
 
+    def encode_and_reconstruct_flat(self, flat, shapes):
+        """`encode_and_reconstruct_group` of tensors of the static `shapes` laid end to
+        end in the vector `flat`; returns (payload, their decodings laid end to end).
+
+        The payload is the group's. Batched codecs that work on the values as one
+        vector anyway override it (and `decode_flat`) to skip the split and concat:
+        a traced step pays a reshape per tensor for each.
+        """
+        payload, sent = self.encode_and_reconstruct_group(split_flat(flat, shapes))
+        return payload, concat_flat(sent)
+
+    def decode_flat(self, payload, shapes):
+        """Inverse of `encode_and_reconstruct_flat`: the decodings laid end to end."""
+        return concat_flat(self.decode_group(payload, shapes))
+
     def bind(self, variable):
         """The codec to use for `variable`'s gradients (default: this one).
 

@@ -80,6 +80,19 @@ class Cast(base.Codec):
     def decode_batch(self, payload, shapes):
         return base.split_flat(self.decode(payload), shapes)
 
+    # The batch is already one vector: its payload is that vector's.
+
+    def encode_and_reconstruct_flat(self, flat, shapes):
+        if len(shapes) == 1:
+            return super().encode_and_reconstruct_flat(flat, shapes)
+        payload = self.encode(flat)
+        return payload, self.decode(payload)
+
+    def decode_flat(self, payload, shapes):
+        if len(shapes) == 1:
+            return super().decode_flat(payload, shapes)
+        return self.decode(payload)
+
 
 def _slices_payload(slices, codec_name):
     """The payload of `tf.IndexedSlices`: values flattened (a fused message carries

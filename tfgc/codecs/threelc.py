@@ -136,14 +136,33 @@ class ThreeLC(base.Codec):
     def encode_and_reconstruct_batch(self, tensors):
         tensors = [base.check_floating(x, self.name) for x in tensors]
         base.check_one_dtype(tensors, self.name)
-        dtype = tensors[0].dtype
         shapes = [tf.TensorShape(x.shape) for x in tensors]
         if not all(shape.is_fully_defined() for shape in shapes):
             raise ValueError(f"{self.name} batches tensors of static shapes, got {shapes}")
+        payload, values = self._encode_flat(base.concat_flat(tensors), shapes)
+        return payload, base.split_flat(values, shapes)
+
+    def decode_batch(self, payload, shapes):
+        return base.split_flat(self._decode_flat(payload, shapes), shapes)
+
+    def encode_and_reconstruct_flat(self, flat, shapes):
+        if len(shapes) == 1:
+            return super().encode_and_reconstruct_flat(flat, shapes)
+        return self._encode_flat(base.check_floating(flat, self.name), shapes)
+
+    def decode_flat(self, payload, shapes):
+        if len(shapes) == 1:
+            return super().decode_flat(payload, shapes)
+        return self._decode_flat(payload, shapes)
+
+    def _encode_flat(self, flat, shapes):
+        """The batch's payload and decoded values, for tensors of the static `shapes`
+        laid end to end in the vector `flat`."""
+        dtype = flat.dtype
+        sizes = [tf.TensorShape(shape).num_elements() for shape in shapes]
+        flat = tf.cast(flat, tf.float32)
         # Every tensor keeps its own M; the batch ops quantize, fold and unfold them all
         # in one call each, and ONE zero-run (or entropy) encode codes their bytes.
-        sizes = [shape.num_elements() for shape in shapes]
-        flat = base.concat_flat([tf.cast(x, tf.float32) for x in tensors])
         # M as the receiver will read it (x's dtype): see _quantize_and_fold.
         scales = base.round_to(
             tfgc_ops.batch_largest_magnitude(flat, sizes) * self.sparsity, dtype)
@@ -152,12 +171,12 @@ class ThreeLC(base.Codec):
         payload = {"data": self._compress(folded, groups), "scales": tf.cast(scales, dtype)}
         # The folded bytes unfolded: what the receiver decodes, exactly, by construction.
         values = tfgc_ops.batch_quartic_unfold(folded, scales, sizes)
-        return payload, base.split_flat(tf.cast(values, dtype), shapes)
+        return payload, tf.cast(values, dtype)
 
-    def decode_batch(self, payload, shapes):
-        shapes = [tf.TensorShape([int(d) for d in shape]) for shape in shapes]
-        sizes = [shape.num_elements() for shape in shapes]
+    def _decode_flat(self, payload, shapes):
+        """Inverse of `_encode_flat`: the values laid end to end."""
+        sizes = [tf.TensorShape([int(d) for d in shape]).num_elements() for shape in shapes]
         folded = self._expand(payload["data"], [quartic.groups_for(size) for size in sizes])
         scales = payload["scales"]
         values = tfgc_ops.batch_quartic_unfold(folded, tf.cast(scales, tf.float32), sizes)
-        return base.split_flat(tf.cast(values, scales.dtype), shapes)
+        return tf.cast(values, scales.dtype)

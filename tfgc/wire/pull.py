@@ -110,10 +110,8 @@ class ParameterServerPull:
         with tf.control_dependencies([full_size]):
             full = tf.identity(full)
         # Decoded outside the cond: see tfgc.variables.
-        deltas = base.concat_flat([
-            delta for unit, payload in zip(self._units, unpacked)
-            for delta in self.codecs[unit[0]].decode_group(
-                payload, [self.variables[i].master.shape for i in unit])])
+        deltas = _concat([self.codecs[unit[0]].decode_flat(payload, self._shapes(unit))
+                          for unit, payload in zip(self._units, unpacked)])
         currents = base.concat_flat([
             gen_resource_variable_ops.read_variable_op(caches[i], self.dtype)
             for i in self._order])
@@ -158,9 +156,10 @@ class ParameterServerPull:
         deltas = values - row
         # The reconstructions are the receiver's decodings.
         payloads, sent_by_unit = zip(*(
-            self.codecs[unit[0]].encode_and_reconstruct_group(self._split_unit(deltas, unit))
+            self.codecs[unit[0]].encode_and_reconstruct_flat(
+                self._unit_values(deltas, unit), self._shapes(unit))
             for unit in self._units))
-        sent = base.concat_flat([t for unit_sent in sent_by_unit for t in unit_sent])
+        sent = _concat(list(sent_by_unit))
         new_row = tf.where(synced, row + sent, values)
         full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8), lambda: to_bytes(values))
         layout, message = Layout.pack(list(payloads) + [{"full": full}])
@@ -170,9 +169,16 @@ class ParameterServerPull:
                    else self._counted(layout, list(payloads), full, synced))
         return message, layout, counted
 
-    def _split_unit(self, flat, unit):
-        """The tensors of payload `unit`, shaped, from the group's flat vector."""
+    def _unit_values(self, flat, unit):
+        """Payload `unit`'s part of the group's flat vector."""
         start = self._offsets[unit[0]]
-        size = sum(self._sizes[i] for i in unit)
-        return base.split_flat(flat[start:start + size],
-                               [self.variables[i].master.shape for i in unit])
+        return flat[start:start + sum(self._sizes[i] for i in unit)]
+
+    def _shapes(self, unit):
+        """The shapes of payload `unit`'s variables."""
+        return [self.variables[i].master.shape for i in unit]
+
+
+def _concat(vectors):
+    """The vectors laid end to end (one op, or none for one vector)."""
+    return vectors[0] if len(vectors) == 1 else tf.concat(vectors, axis=0)
