@@ -80,16 +80,22 @@ def server_pids(root):
     return servers
 
 
-def socket_ports(pid):
-    """{socket inode: (local port, remote port)} of `pid`'s TCP sockets."""
-    inodes = set()
+def socket_fds(pid):
+    """{fd: socket inode} of `pid`'s open sockets."""
+    fds = {}
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
+            fds[int(fd)] = int(target[8:-1])
+    return fds
+
+
+def socket_ports(pid):
+    """{socket inode: (local port, remote port)} of `pid`'s TCP sockets."""
+    inodes = set(socket_fds(pid).values())
     ports = {}
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as f:
@@ -106,16 +112,8 @@ def fds_to(worker, server):
     """The worker's socket fds whose other end is `server`'s process."""
     server_ports = {local for local, _ in socket_ports(server).values()}
     worker_ports = socket_ports(worker)
-    fds = set()
-    for fd in os.listdir(f"/proc/{worker}/fd"):
-        try:
-            target = os.readlink(f"/proc/{worker}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:[") and int(target[8:-1]) in worker_ports:
-            if worker_ports[int(target[8:-1])][1] in server_ports:
-                fds.add(int(fd))
-    return fds
+    return {fd for fd, inode in socket_fds(worker).items()
+            if inode in worker_ports and worker_ports[inode][1] in server_ports}
 
 
 def sent_bytes(strace_path, fds):

@@ -67,8 +67,9 @@ class ThreeLC(base.Codec):
     Quartic encoding alone costs 1.6 bits per value; an all-zero float32 tensor costs
     1/70 byte per value (280x).
 
-    Batched (`encode_batch`): every tensor keeps its own M and is quantized and folded
-    on its own, their quartic bytes concatenated and zero-run (or entropy) coded once:
+    Batched (`encode_batch`, `encode_and_reconstruct_flat`): every tensor keeps its own
+    M; one C++ call each quantizes and folds all of them and unfolds them, and their
+    quartic bytes, laid end to end, are zero-run (or entropy) coded once:
     {"data": uint8, "scales": one M per tensor}.
     """
 

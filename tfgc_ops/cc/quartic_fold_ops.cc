@@ -212,13 +212,21 @@ class QuarticUnfoldOp : public OpKernel {
 
 // The batch ops check their input against the sizes (before anything is allocated) and
 // work in pieces of at most one block, so large tensors still use every thread.
-
-class BatchLargestMagnitudeOp : public OpKernel {
+class BatchOp : public OpKernel {
  public:
-  explicit BatchLargestMagnitudeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  BatchOp(OpKernelConstruction* ctx, const char* name) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sizes", &sizes_));
-    OP_REQUIRES_OK(ctx, CheckSizes(sizes_, "batch_largest_magnitude"));
+    OP_REQUIRES_OK(ctx, CheckSizes(sizes_, name));
   }
+
+ protected:
+  std::vector<int64_t> sizes_;  // the element counts of the batch's tensors
+};
+
+class BatchLargestMagnitudeOp : public BatchOp {
+ public:
+  explicit BatchLargestMagnitudeOp(OpKernelConstruction* ctx)
+      : BatchOp(ctx, "batch_largest_magnitude") {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
@@ -246,17 +254,11 @@ class BatchLargestMagnitudeOp : public OpKernel {
       to = std::isnan(largest[p]) || std::isnan(to) ? NAN : std::max(to, largest[p]);
     }
   }
-
- private:
-  std::vector<int64_t> sizes_;
 };
 
-class BatchQuarticFoldOp : public OpKernel {
+class BatchQuarticFoldOp : public BatchOp {
  public:
-  explicit BatchQuarticFoldOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("sizes", &sizes_));
-    OP_REQUIRES_OK(ctx, CheckSizes(sizes_, "batch_quartic_fold"));
-  }
+  explicit BatchQuarticFoldOp(OpKernelConstruction* ctx) : BatchOp(ctx, "batch_quartic_fold") {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
@@ -285,17 +287,11 @@ class BatchQuarticFoldOp : public OpKernel {
                to);
     });
   }
-
- private:
-  std::vector<int64_t> sizes_;
 };
 
-class BatchQuarticUnfoldOp : public OpKernel {
+class BatchQuarticUnfoldOp : public BatchOp {
  public:
-  explicit BatchQuarticUnfoldOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("sizes", &sizes_));
-    OP_REQUIRES_OK(ctx, CheckSizes(sizes_, "batch_quartic_unfold"));
-  }
+  explicit BatchQuarticUnfoldOp(OpKernelConstruction* ctx) : BatchOp(ctx, "batch_quartic_unfold") {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& quartic = ctx->input(0);
@@ -320,9 +316,6 @@ class BatchQuarticUnfoldOp : public OpKernel {
                  piece.begin, piece.end, out + starts[piece.tensor]);
     });
   }
-
- private:
-  std::vector<int64_t> sizes_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Tfgc>LargestMagnitude").Device(DEVICE_CPU), LargestMagnitudeOp);
