@@ -1,10 +1,10 @@
-"""What crosses from a worker to its parameter server in one training step, by kind.
+"""What crosses between a worker and its parameter server in one training step, by kind.
 
 Runs `python -m models.train --strategy ps --ps 1 --workers N` (ResNet-20 and one
-worker by default), waits for steady steps, records what worker 0 writes to its sockets with
-`strace` for a few seconds, splits the bytes bound for the parameter server into
-HTTP/2 frames and gRPC messages, and sorts the messages by what TensorFlow's runtime
-uses them for:
+worker by default), waits for steady steps, records what worker 0 and the parameter
+server write to their sockets with `strace` for a few seconds, splits the bytes each
+sends the other into HTTP/2 frames and gRPC messages, and sorts the messages by what
+TensorFlow's runtime uses them for. From the worker to the server:
 
   function call    the worker asks the server to run its part of the step
                    (RunComponentFunction); its size grows with the remote resource
@@ -16,6 +16,9 @@ uses them for:
                    message (uint8) and the float tensors Keras writes (batch-norm
                    moving statistics), ints
   framing          HTTP/2 frame headers, gRPC headers, window updates, pings
+
+and the same kinds the other way (the server's requests, the tensors it sends: the
+pull message, the statistics Keras reads).
 
 Per step = bytes / the function calls seen. It needs `strace` and the right to trace
 a child process (root, or ptrace_scope 0):
@@ -195,6 +198,23 @@ def classify(messages, server_device):
     return kinds, calls, handles
 
 
+def tally(streams, server_device):
+    """({kind: [messages, bytes]}, all bytes, function calls, remote handles) of the
+    bytes sent on some sockets ({fd: bytes})."""
+    kinds, calls, handles, total, counted = collections.defaultdict(lambda: [0, 0]), 0, 0, 0, 0
+    for data in streams.values():
+        total += len(data)
+        messages = grpc_messages(data)
+        counted += sum(len(m) for m in messages)
+        these, c, h = classify(messages, server_device)
+        calls, handles = calls + c, handles + h
+        for kind, (n, b) in these.items():
+            kinds[kind][0] += n
+            kinds[kind][1] += b
+    kinds["framing (HTTP/2, gRPC headers)"] = [0, total - counted]
+    return kinds, total, calls, handles
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compression", default="threelc:sparsity=1.0")
@@ -236,39 +256,38 @@ def main(argv=None):
             time.sleep(1)
         servers = server_pids(run.pid)
         worker, server = servers[("worker", 0)], servers[("ps", 0)]
-        fds = fds_to(worker, server)
-        trace = os.path.join(out, "strace.out")
-        subprocess.run(["timeout", str(args.seconds), "strace", "-f", "-qq", "-p", str(worker),
-                        "-e", "trace=sendmsg", "-s", "8000000", "-xx", "-o", trace],
-                       check=False)
-        streams = sent_bytes(trace, fds)
+        # Both processes at once, over the same steps: the worker's writes to the
+        # server (pushes) and the server's to the worker (pulls).
+        traces = {pid: os.path.join(out, f"strace.{pid}") for pid in (worker, server)}
+        tracers = [subprocess.Popen(
+            ["timeout", str(args.seconds), "strace", "-f", "-qq", "-p", str(pid), "-e",
+             "trace=sendmsg", "-s", "8000000", "-xx", "-o", path]) for pid, path in traces.items()]
+        for tracer in tracers:
+            tracer.wait()
+        pushed = sent_bytes(traces[worker], fds_to(worker, server))
+        pulled = sent_bytes(traces[server], fds_to(server, worker))
     finally:
         os.killpg(run.pid, signal.SIGTERM)
         run.wait(timeout=60)
     device = b"/job:ps/replica:0/task:0/device:CPU:0"
-    kinds, calls, handles, total, counted = collections.defaultdict(lambda: [0, 0]), 0, 0, 0, 0
-    for data in streams.values():
-        total += len(data)
-        messages = grpc_messages(data)
-        counted += sum(len(m) for m in messages)
-        these, c, h = classify(messages, device)
-        calls, handles = calls + c, handles + h
-        for kind, (n, b) in these.items():
-            kinds[kind][0] += n
-            kinds[kind][1] += b
+    push_kinds, push_total, calls, handles = tally(pushed, device)
     if not calls:
         sys.exit("no step was seen while tracing; trace longer (--seconds)")
-    kinds["framing (HTTP/2, gRPC headers)"] = [0, total - counted]
+    pull_kinds, pull_total, _, _ = tally(pulled, device)
     print(f"\n{args.model}, --compression {args.compression} --pull-compression {pull}, "
-          f"1 PS + {args.workers} worker(s): worker 0 -> PS, per step of worker 0 over {calls} steps "
-          f"({handles / calls:.0f} remote handles per function call)\n")
-    print("| kind | messages / step | bytes / step | share |\n|---|---|---|---|")
-    for kind, (n, b) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
-        print(f"| {kind} | {n / calls:.1f} | {b / calls:,.0f} | {b / total:.0%} |")
-    print(f"| all | | {total / calls:,.0f} | 100% |")
-    print(json.dumps({"calls": calls, "handles_per_call": handles / calls,
-                      "bytes_per_step": total / calls,
-                      "kinds": {k: v[1] / calls for k, v in kinds.items()}}))
+          f"1 PS + {args.workers} worker(s); per step of worker 0, over {calls} steps "
+          f"({handles / calls:.0f} remote handles per function call)")
+    summary = {"calls": calls, "handles_per_call": handles / calls}
+    for direction, kinds, total in (("worker 0 -> PS", push_kinds, push_total),
+                                    ("PS -> worker 0", pull_kinds, pull_total)):
+        print(f"\n{direction}\n\n| kind | messages / step | bytes / step | share |\n"
+              "|---|---|---|---|")
+        for kind, (n, b) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+            print(f"| {kind} | {n / calls:.1f} | {b / calls:,.0f} | {b / max(total, 1):.0%} |")
+        print(f"| all | | {total / calls:,.0f} | 100% |")
+        summary[direction] = {"bytes_per_step": total / calls,
+                              "kinds": {k: v[1] / calls for k, v in kinds.items()}}
+    print(json.dumps(summary))
     shutil.rmtree(out, ignore_errors=True)
     return 0
 
