@@ -175,6 +175,20 @@ def test_batched_error_feedback_equals_one_tensor_at_a_time(rng):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_batched_error_feedback_keeps_each_residual_finite_on_its_own(rng):
+    codec = tfgc.codecs.ThreeLC(1.0)
+    shapes = [(4, 4), (0,), (7,)]
+    together = [tf.Variable(tf.fill(s, 0.5)) for s in shapes]
+    alone = tf.Variable(tf.fill(shapes[2], 0.5))
+    xs = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    xs[0][1, 2] = np.nan  # its residual keeps its value; the others move on
+    memory.feedback_batch_step(codec, [tf.constant(x) for x in xs], together)
+    np.testing.assert_array_equal(together[0].numpy(), np.full(shapes[0], 0.5, np.float32))
+    memory.feedback_step(codec, tf.constant(xs[2]), alone)
+    np.testing.assert_array_equal(together[2].numpy(), alone.numpy())
+    assert not np.array_equal(alone.numpy(), np.full(shapes[2], 0.5, np.float32))
+
+
 @pytest.mark.parametrize("sparsity", [1.0, 1.75])
 def test_entropy_coder_decodes_what_zero_run_does_in_fewer_bytes(rng, sparsity):
     zre, entropy = tfgc.codecs.ThreeLC(sparsity), tfgc.codecs.ThreeLC(sparsity, coder="entropy")

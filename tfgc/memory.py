@@ -97,11 +97,32 @@ def feedback_step(codec, x, residual):
 def feedback_batch_step(codec, xs, residuals):
     """`feedback_step` for a list of tensors encoded into one payload by a batched
     codec (`codec.batched`), each with its own residual; returns (payload, [sent])."""
-    totals = [x + residual for x, residual in zip(xs, residuals)]
-    payload, sents = codec.encode_and_reconstruct_batch(totals)
-    for total, sent, residual in zip(totals, sents, residuals):
-        _keep_unsent(total, sent, residual)
-    return payload, sents
+    payload, sent = feedback_flat_step(codec, xs, residuals)
+    return payload, base.split_flat(sent, [x.shape for x in xs])
+
+
+def feedback_flat_step(codec, xs, residuals):
+    """`feedback_batch_step` with what was sent laid end to end: (payload, sent).
+
+    The tensors are summed, encoded and kept as one vector (`encode_and_reconstruct_flat`),
+    so a traced step takes a few ops per tensor (its reshapes, residual read and assign)
+    rather than a dozen; each residual still follows the non-finite policy on its own.
+    """
+    shapes = [tf.TensorShape(x.shape) for x in xs]
+    olds = base.concat_flat([residual.read_value() for residual in residuals])
+    totals = base.concat_flat(xs) + olds
+    payload, sent = codec.encode_and_reconstruct_flat(totals, shapes)
+    unsent = totals - sent
+    # One finite check per tensor (a non-finite element anywhere in it keeps its whole
+    # residual), spread back over its elements.
+    sizes = [shape.num_elements() for shape in shapes]
+    owner = tf.repeat(tf.range(len(sizes)), sizes)
+    kept = tf.math.unsorted_segment_min(tf.cast(tf.math.is_finite(unsent), tf.int32), owner,
+                                        num_segments=len(sizes)) > 0
+    news = tf.where(tf.gather(kept, owner), unsent, olds)
+    for residual, new in zip(residuals, base.split_flat(news, shapes)):
+        residual.assign(new)
+    return payload, sent
 
 
 def _keep_unsent(total, sent, residual):

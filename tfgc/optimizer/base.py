@@ -11,7 +11,7 @@ from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, require_ops_on,
     worker_devices,
 )
-from tfgc.memory import feedback_batch_step, feedback_step
+from tfgc.memory import feedback_flat_step, feedback_step
 from tfgc.variables import PulledVariable, register_puller
 from tfgc.wire import ParameterServerPull, choose_wire
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
@@ -304,7 +304,7 @@ class CompressingBase:
         residuals = [self._residuals.get(self._residual_key(v)) for _, v in pairs]
         if residuals[0] is None or not self.compresses(pairs[0][1]):
             return codec.encode_batch(gradients)
-        return feedback_batch_step(codec, gradients, residuals)[0]
+        return feedback_flat_step(codec, gradients, residuals)[0]
 
     def _send_all(self, strategy, grads_and_vars, aggregate):
         """Sends every gradient over the wire `strategy` calls for and counts the bytes;
