@@ -189,6 +189,19 @@ def test_batched_error_feedback_keeps_each_residual_finite_on_its_own(rng):
     assert not np.array_equal(alone.numpy(), np.full(shapes[2], 0.5, np.float32))
 
 
+def test_batched_error_feedback_survives_a_finite_input_that_overflows_the_codec(rng):
+    # M = 1.75 * max|x| overflows float32 for the first tensor only: its decoding is not
+    # finite, so its residual keeps its value, and every residual stays finite.
+    codec = tfgc.codecs.ThreeLC(1.75)
+    residuals = [tf.Variable(tf.zeros([5])), tf.Variable(tf.zeros([6]))]
+    for step in range(4):
+        huge = np.full(5, 3e38 if step % 2 == 0 else 1.0, np.float32)
+        small = rng.normal(size=6).astype(np.float32)
+        memory.feedback_batch_step(codec, [tf.constant(huge), tf.constant(small)], residuals)
+        assert all(np.isfinite(r.numpy()).all() for r in residuals)
+    assert np.abs(residuals[1].numpy()).sum() > 0
+
+
 @pytest.mark.parametrize("sparsity", [1.0, 1.75])
 def test_entropy_coder_decodes_what_zero_run_does_in_fewer_bytes(rng, sparsity):
     zre, entropy = tfgc.codecs.ThreeLC(sparsity), tfgc.codecs.ThreeLC(sparsity, coder="entropy")
