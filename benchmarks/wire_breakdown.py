@@ -236,6 +236,9 @@ def main(argv=None):
                "--workers", str(args.workers), "--model", args.model, "--dataset", args.dataset,
                "--train-limit", "4000", "--test-limit", "500", "--steps", "10000",
                "--log-every", "10", "--compression", args.compression,
+               # As make demo: decay applied on the server (an L2 term in the loss
+               # would have fp32 read every kernel twice per step).
+               "--weight-decay-mode", "optimizer",
                "--pull-compression", pull, "--out", os.path.join(out, "run"),
                "--timeout", str(args.timeout)]
     print("[wire_breakdown]", " ".join(command[1:]), flush=True)
