@@ -102,9 +102,9 @@ class Codec(abc.ABC):
         """`encode_and_reconstruct_group` of tensors of the static `shapes` laid end to
         end in the vector `flat`; returns (payload, their decodings laid end to end).
 
-        The payload is the group's. Batched codecs that work on the values as one
-        vector anyway override it (and `decode_flat`) to skip the split and concat:
-        a traced step pays a reshape per tensor for each.
+        The payload is the group's. `FlatBatchCodec`s, which work on the values as one
+        vector anyway, skip the split and concat: a traced step pays a reshape per
+        tensor for each.
         """
         payload, sent = self.encode_and_reconstruct_group(split_flat(flat, shapes))
         return payload, concat_flat(sent)
@@ -135,6 +135,49 @@ class Codec(abc.ABC):
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+class FlatBatchCodec(Codec):
+    """A batched codec whose batch is its tensors laid end to end as one vector.
+
+    Subclasses define `encode_flat_batch` and `decode_flat_batch` on that vector; the
+    batch methods (`encode_and_reconstruct_batch`, `decode_batch`) and the flat ones
+    follow from them, the flat ones without the split and concat that cost a traced
+    step a reshape per tensor. A group of one tensor keeps the codec's own format.
+    """
+
+    batched = True
+
+    @abc.abstractmethod
+    def encode_flat_batch(self, flat, shapes):
+        """(payload, decodings laid end to end) of tensors of the static `shapes`
+        laid end to end in the floating vector `flat`."""
+
+    @abc.abstractmethod
+    def decode_flat_batch(self, payload, shapes):
+        """Inverse of `encode_flat_batch`: the decodings laid end to end."""
+
+    def encode_and_reconstruct_batch(self, tensors):
+        tensors = [check_floating(x, self.name) for x in tensors]
+        check_one_dtype(tensors, self.name)
+        shapes = [tf.TensorShape(x.shape) for x in tensors]
+        if not all(shape.is_fully_defined() for shape in shapes):
+            raise ValueError(f"{self.name} batches tensors of static shapes, got {shapes}")
+        payload, values = self.encode_flat_batch(concat_flat(tensors), shapes)
+        return payload, split_flat(values, shapes)
+
+    def decode_batch(self, payload, shapes):
+        return split_flat(self.decode_flat_batch(payload, shapes), shapes)
+
+    def encode_and_reconstruct_flat(self, flat, shapes):
+        if len(shapes) == 1:
+            return super().encode_and_reconstruct_flat(flat, shapes)
+        return self.encode_flat_batch(check_floating(flat, self.name), shapes)
+
+    def decode_flat(self, payload, shapes):
+        if len(shapes) == 1:
+            return super().decode_flat(payload, shapes)
+        return self.decode_flat_batch(payload, shapes)
 
 
 class ReconstructingCodec(Codec):

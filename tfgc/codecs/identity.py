@@ -30,7 +30,7 @@ class NoCompression(base.Codec):
         return payload, x if isinstance(x, tf.IndexedSlices) else payload["values"]
 
 
-class Cast(base.Codec):
+class Cast(base.FlatBatchCodec):
     """Sends float16 or bfloat16 and casts back to the input dtype.
 
     Args:
@@ -46,7 +46,6 @@ class Cast(base.Codec):
     """
 
     summable = True
-    batched = True
 
     def __init__(self, dtype="float16"):
         self.dtype = tf.as_dtype(dtype)
@@ -71,26 +70,13 @@ class Cast(base.Codec):
     def decode(self, payload):
         return tf.cast(payload["values"], payload["dtype"].dtype)
 
-    def encode_and_reconstruct_batch(self, tensors):
-        tensors = [base.check_floating(x, self.name) for x in tensors]
-        base.check_one_dtype(tensors, self.name)
-        payload = self.encode(base.concat_flat(tensors))
-        return payload, base.split_flat(self.decode(payload), [x.shape for x in tensors])
-
-    def decode_batch(self, payload, shapes):
-        return base.split_flat(self.decode(payload), shapes)
-
     # The batch is already one vector: its payload is that vector's.
 
-    def encode_and_reconstruct_flat(self, flat, shapes):
-        if len(shapes) == 1:
-            return super().encode_and_reconstruct_flat(flat, shapes)
+    def encode_flat_batch(self, flat, shapes):
         payload = self.encode(flat)
         return payload, self.decode(payload)
 
-    def decode_flat(self, payload, shapes):
-        if len(shapes) == 1:
-            return super().decode_flat(payload, shapes)
+    def decode_flat_batch(self, payload, shapes):
         return self.decode(payload)
 
 

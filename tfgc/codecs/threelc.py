@@ -45,13 +45,18 @@ def _unfold_and_scale(data, scale, shape):
     return tf.cast(tf.reshape(values, shape), scale.dtype)
 
 
+def _sizes(shapes):
+    """The element counts of static `shapes` (TensorShapes or tuples of ints)."""
+    return [tf.TensorShape([int(d) for d in shape]).num_elements() for shape in shapes]
+
+
 def _shape_for_unfold(x):
     """`x`'s static shape where fully defined, else its dynamic one."""
     static = tf.TensorShape(x.shape)
     return static if static.is_fully_defined() else tf.shape(x)
 
 
-class ThreeLC(base.Codec):
+class ThreeLC(base.FlatBatchCodec):
     """3-value quantization + quartic encoding + zero-run encoding.
 
     Args:
@@ -72,8 +77,6 @@ class ThreeLC(base.Codec):
     quartic bytes, laid end to end, are zero-run (or entropy) coded once:
     {"data": uint8, "scales": one M per tensor}.
     """
-
-    batched = True
 
     CODERS = ("zre", "entropy")
 
@@ -134,33 +137,9 @@ class ThreeLC(base.Codec):
         values = self._unfold_and_scale(folded, payload["scale"], shape)
         return tf.reshape(values, base.static_shape(shape))
 
-    def encode_and_reconstruct_batch(self, tensors):
-        tensors = [base.check_floating(x, self.name) for x in tensors]
-        base.check_one_dtype(tensors, self.name)
-        shapes = [tf.TensorShape(x.shape) for x in tensors]
-        if not all(shape.is_fully_defined() for shape in shapes):
-            raise ValueError(f"{self.name} batches tensors of static shapes, got {shapes}")
-        payload, values = self._encode_flat(base.concat_flat(tensors), shapes)
-        return payload, base.split_flat(values, shapes)
-
-    def decode_batch(self, payload, shapes):
-        return base.split_flat(self._decode_flat(payload, shapes), shapes)
-
-    def encode_and_reconstruct_flat(self, flat, shapes):
-        if len(shapes) == 1:
-            return super().encode_and_reconstruct_flat(flat, shapes)
-        return self._encode_flat(base.check_floating(flat, self.name), shapes)
-
-    def decode_flat(self, payload, shapes):
-        if len(shapes) == 1:
-            return super().decode_flat(payload, shapes)
-        return self._decode_flat(payload, shapes)
-
-    def _encode_flat(self, flat, shapes):
-        """The batch's payload and decoded values, for tensors of the static `shapes`
-        laid end to end in the vector `flat`."""
+    def encode_flat_batch(self, flat, shapes):
         dtype = flat.dtype
-        sizes = [tf.TensorShape(shape).num_elements() for shape in shapes]
+        sizes = _sizes(shapes)
         flat = tf.cast(flat, tf.float32)
         # Every tensor keeps its own M; the batch ops quantize, fold and unfold them all
         # in one call each, and ONE zero-run (or entropy) encode codes their bytes.
@@ -174,9 +153,8 @@ class ThreeLC(base.Codec):
         values = tfgc_ops.batch_quartic_unfold(folded, scales, sizes)
         return payload, tf.cast(values, dtype)
 
-    def _decode_flat(self, payload, shapes):
-        """Inverse of `_encode_flat`: the values laid end to end."""
-        sizes = [tf.TensorShape([int(d) for d in shape]).num_elements() for shape in shapes]
+    def decode_flat_batch(self, payload, shapes):
+        sizes = _sizes(shapes)
         folded = self._expand(payload["data"], [quartic.groups_for(size) for size in sizes])
         scales = payload["scales"]
         values = tfgc_ops.batch_quartic_unfold(folded, tf.cast(scales, tf.float32), sizes)
