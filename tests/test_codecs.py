@@ -6,6 +6,8 @@ import tensorflow as tf
 import tfgc
 import tfgc_ops
 from tfgc.codecs import fastsgd
+from tfgc.codecs.adaptive import adaptive_bits
+from tfgc_ops import reference
 
 C = tfgc.codecs
 
@@ -443,6 +445,32 @@ def test_compiled_encoders_follow_the_non_finite_policy(rng, name):
     payload, reconstructed = codec.encode_and_reconstruct(x)
     assert np.isnan(codec.decode(payload).numpy()).all()
     assert np.isnan(reconstructed.numpy()).all()
+
+
+@pytest.mark.parametrize("shape", [[0], [1], [9], [64, 33]])
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+def test_quantize_payload_is_its_definition(rng, shape, bits):
+    # q = round((x - min) / step), ties to even, step = (max - min) / (2^K - 1), in float32.
+    x = gradient_like(rng, shape)
+    x.reshape(-1)[:3] = x.reshape(-1)[:1]  # repeated values (and the minimum among them)
+    payload, reconstructed = C.Quantize(bits).encode_and_reconstruct(x)
+    low = np.float32(x.min()) if x.size else np.float32(0)
+    high = np.float32(x.max()) if x.size else np.float32(0)
+    step = (high - low) / np.float32(2**bits - 1)
+    codes = np.round((x.reshape(-1) - low) / (step if step > 0 else np.float32(1)))
+    codes = np.clip(codes, 0, 2**bits - 1).astype(np.int32)
+    assert (float(payload["min"]), float(payload["max"]), int(payload["bits"])) == (low, high, bits)
+    np.testing.assert_array_equal(payload["data"].numpy(), reference.pack_bits(codes, bits))
+    np.testing.assert_array_equal(reconstructed.numpy().reshape(-1), low + codes.astype(np.float32) * step)
+
+
+def test_adaptive_quantize_uses_the_bits_of_its_rule(rng):
+    for rho in (0.1, 0.01, 0.0001):
+        x = gradient_like(rng, [1000])
+        payload = C.AdaptiveQuantize(rho=rho).encode(x)
+        assert int(payload["bits"]) == int(adaptive_bits(x, rho))
+        np.testing.assert_array_equal(payload["data"].numpy(),
+                                      C.Quantize(int(payload["bits"])).encode(x)["data"].numpy())
 
 
 @pytest.mark.parametrize("bits", [2, 5, 8])

@@ -219,3 +219,75 @@ def test_magnitude_filter_refuses_bad_input():
         tfgc_ops.magnitude_filter(np.zeros([2, 2], np.float32), 0.5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="factor"):
         tfgc_ops.magnitude_filter(np.zeros(4, np.float32), [0.5, 0.5])
+
+
+# --- uniform quantization (value_range, uniform_quantize) ---------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES + [65_536 * 2 + 5])
+def test_value_range_matches_numpy(rng, size):
+    x = values(rng, size)
+    extremes, finite, sum_squares = tfgc_ops.value_range(x)
+    assert bool(finite)
+    if size:
+        np.testing.assert_array_equal(extremes.numpy(), [x.min(), x.max()])
+    else:
+        np.testing.assert_array_equal(extremes.numpy(), [np.inf, -np.inf])
+    np.testing.assert_allclose(float(sum_squares), np.sum(x.astype(np.float64) ** 2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 5, 8, 65_536 + 3])  # in a group of 8, the tail, a later block
+def test_value_range_sees_every_non_finite_value(bad, where):
+    x = np.ones(65_536 + 4, np.float32)
+    x[where] = bad
+    assert not bool(tfgc_ops.value_range(x)[1])
+
+
+def test_value_range_sums_do_not_overflow_or_depend_on_the_thread_count(run_python):
+    huge = np.full(1000, 3e38, np.float32)
+    assert np.isclose(float(tfgc_ops.value_range(huge)[2]), 1000 * 3e38 ** 2, rtol=1e-6)
+    script = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+import tfgc_ops
+x = np.random.default_rng(5).standard_t(3, 1_000_003).astype(np.float32)
+print(np.float64(tfgc_ops.value_range(x)[2].numpy()).tobytes().hex())
+"""
+    assert run_python(script, 120, ["1"]) == run_python(script, 120, ["4"])
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 7, 8])
+def test_uniform_quantize_matches_the_reference(rng, size, bits):
+    x = values(rng, size)
+    low = float(x.min()) if size else 0.0
+    step = (float(x.max()) - low) / (2**bits - 1) if size else 0.0
+    # The range's own step, one that clamps most values, a zero step (divides by 1), and a
+    # NaN low (every code 0, every reconstruction NaN).
+    for low_, step_ in ((low, step), (low, step / 50), (low, 0.0), (float("nan"), step)):
+        packed, reconstructed = tfgc_ops.uniform_quantize(x, low_, step_, bits)
+        codes = ref.uniform_codes(x, low_, step_, bits)
+        np.testing.assert_array_equal(packed.numpy(), ref.pack_bits(codes, bits))
+        np.testing.assert_array_equal(reconstructed.numpy(),
+                                      ref.uniform_reconstruction(codes, low_, step_))
+
+
+def test_uniform_quantize_rounds_ties_to_even_and_codes_nan_as_zero():
+    x = np.array([0.5, 1.5, 2.5, -0.4, 3.6, np.nan, np.inf, -np.inf, 2.5], np.float32)
+    packed, _ = tfgc_ops.uniform_quantize(x, 0.0, 1.0, 2)
+    np.testing.assert_array_equal(tfgc_ops.unpack_bits(packed, 2, x.size).numpy(),
+                                  [0, 2, 2, 0, 3, 0, 3, 0, 2])
+
+
+def test_uniform_quantize_refuses_bad_input():
+    x = np.zeros(4, np.float32)
+    for bits in (0, 9, -1):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="bits must be in"):
+            tfgc_ops.uniform_quantize(x, 0.0, 1.0, bits)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="uniform_quantize.*1-D"):
+        tfgc_ops.uniform_quantize(np.zeros([2, 2], np.float32), 0.0, 1.0, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="value_range.*1-D"):
+        tfgc_ops.value_range(np.zeros([2, 2], np.float32))

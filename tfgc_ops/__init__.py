@@ -20,7 +20,7 @@ __all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "quartic
            "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
            "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
-           "unpack_bits", "qsgd_norms", "qsgd_encode", "qsgd_decode",
+           "unpack_bits", "value_range", "uniform_quantize", "qsgd_norms", "qsgd_encode", "qsgd_decode",
            "stochastic_ternary_fold", "log_levels_decode", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -204,6 +204,40 @@ def batch_quartic_unfold(quartic, scales, sizes):
     return _ops.tfgc_batch_quartic_unfold(_as_bytes(quartic, "batch_quartic_unfold"),
                                           tf.convert_to_tensor(scales, tf.float32),
                                           sizes=[int(s) for s in sizes])
+
+
+def value_range(x):
+    """A float32 vector's range in one pass.
+
+    Returns:
+      (extremes, finite, sum_squares): float32 [min, max] (+inf, -inf for an empty x;
+      unspecified unless every value is finite), a bool scalar that says whether every
+      value is finite, and the sum of the squares in float64.
+    """
+    return _ops.tfgc_value_range(tf.convert_to_tensor(x, tf.float32))
+
+
+def uniform_quantize(x, low, step, bits):
+    """Uniform quantization of a float32 vector, packed as `pack_bits` packs its codes.
+
+    Code q_i = round((x_i - low) / d) with ties to even, d = step if step > 0 else 1,
+    clamped to [0, 2^bits - 1]; a quotient that is NaN (x_i or low NaN) gives 0.
+
+    Args:
+      x: 1-D float32 tensor.
+      low, step: float32 scalars.
+      bits: int or int32 scalar tensor in 1..8.
+
+    Returns:
+      (packed, reconstructed): ceil(n * bits / 8) uint8, and low + q_i * step (computed
+      only where it is used).
+
+    Raises:
+      tf.errors.InvalidArgumentError: bits outside 1..8, or x not 1-D.
+    """
+    return _ops.tfgc_uniform_quantize(tf.convert_to_tensor(x, tf.float32),
+                                      tf.cast(low, tf.float32), tf.cast(step, tf.float32),
+                                      tf.cast(bits, tf.int32))
 
 
 def qsgd_norms(x, bucket_size):

@@ -295,6 +295,25 @@ def unpack_bits(packed, bits, n):
     return (stream.astype(np.int64) << np.arange(bits - 1, -1, -1)).sum(axis=1).astype(np.int32)
 
 
+def uniform_codes(x, low, step, bits):
+    """Uniform quantization codes of float32 `x` (see `tfgc_ops.uniform_quantize`):
+    round((x - low) / d), ties to even, d = step if step > 0 else 1, clamped to
+    [0, 2^bits - 1], NaN giving 0; all in float32 arithmetic."""
+    x = np.asarray(x, np.float32).reshape(-1)
+    low, step = np.float32(low), np.float32(step)
+    divisor = step if step > 0 else np.float32(1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        quotient = (x - low) / divisor
+    quotient = np.where(np.isnan(quotient), np.float32(0.0), quotient)
+    return np.round(np.clip(quotient, 0, 2**bits - 1)).astype(np.int32)
+
+
+def uniform_reconstruction(codes, low, step):
+    """low + code * step in float32, what the receiver of uniform codes computes."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.float32(low) + np.asarray(codes).astype(np.float32) * np.float32(step)
+
+
 # --- stochastic rounding (the ops qsgd_encode / stochastic_ternary_fold) ------------------
 
 _MASK64 = (1 << 64) - 1

@@ -3,6 +3,7 @@ import math
 
 import tensorflow as tf
 
+import tfgc_ops
 from tfgc.codecs import base
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
 
@@ -18,14 +19,21 @@ def adaptive_bits(x, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS):
 
         k = ceil(log2(1 + (max - min) / sqrt(12 · rho · mean(x²)))), clipped.
 
+    An empty, all-zero or non-finite `x` gets `min_bits`.
+
     Returns:
       An int32 scalar tensor.
     """
     flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-    finite = base.all_finite(flat) & (tf.size(flat) > 0)
-    flat = tf.where(finite, flat, tf.zeros_like(flat))
-    spread = tf.where(finite, tf.reduce_max(flat) - tf.reduce_min(flat), 0.0)
-    mean_square = base.column_sum(tf.square(flat)) / tf.cast(tf.maximum(tf.size(flat), 1), tf.float32)
+    return _bits_for_range(tfgc_ops.value_range(flat), tf.size(flat), rho, min_bits, max_bits)
+
+
+def _bits_for_range(value_range, size, rho, min_bits, max_bits):
+    """`adaptive_bits` from a tensor's `tfgc_ops.value_range` and its size."""
+    extremes, finite, sum_squares = value_range
+    finite = finite & (size > 0)
+    spread = tf.where(finite, extremes[1] - extremes[0], 0.0)
+    mean_square = tf.cast(sum_squares / tf.cast(tf.maximum(size, 1), tf.float64), tf.float32)
     power = tf.where(finite, mean_square, 0.0)
     levels = spread / tf.sqrt(12.0 * rho * tf.maximum(power, 1e-30))
     bits = tf.math.ceil(tf.math.log(1.0 + levels) / math.log(2.0))
@@ -54,12 +62,13 @@ class AdaptiveQuantize(Quantize):
         if not MIN_BITS <= min_bits <= max_bits <= MAX_BITS:
             raise ValueError(f"need {MIN_BITS} <= min_bits <= max_bits <= {MAX_BITS}")
         self.rho, self.min_bits, self.max_bits = float(rho), int(min_bits), int(max_bits)
-        self._bits_of = base.CompiledForLarge(
-            lambda x: adaptive_bits(x, self.rho, self.min_bits, self.max_bits))
 
     def get_config(self):
         return {"rho": self.rho, "min_bits": self.min_bits, "max_bits": self.max_bits}
 
     def encode_and_reconstruct(self, x):
         x = base.check_floating(x, self.name)
-        return self._quantize(x, self._bits_of(x))
+        # One range pass serves both the choice of bits and the quantization.
+        value_range = tfgc_ops.value_range(tf.reshape(tf.cast(x, tf.float32), [-1]))
+        bits = _bits_for_range(value_range, tf.size(x), self.rho, self.min_bits, self.max_bits)
+        return self._quantize(x, bits, value_range)

@@ -1,6 +1,7 @@
 """Uniform integer quantization: MQGrad's K-bit quantizer and the 8-bit int baseline."""
 import tensorflow as tf
 
+import tfgc_ops
 from tfgc.codecs import base, bitpack
 
 MIN_BITS, MAX_BITS = 2, 8
@@ -28,7 +29,6 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         else:
             check_bits(bits)
             self.bits = tf.Variable(int(bits), dtype=tf.int32, trainable=False, name="bits")
-        self._codes = base.CompiledForLarge(_quantized_codes)
 
     def get_config(self):
         return {"bits": int(self.bits.numpy())}
@@ -45,22 +45,31 @@ class Quantize(tf.Module, base.ReconstructingCodec):
             check_bits(bits)
         return self._quantize(x, tf.convert_to_tensor(bits, tf.int32))[0]
 
-    def _quantize(self, x, bits):
+    def _quantize(self, x, bits, value_range=None):
         """(payload, reconstruction) of floating `x` with `bits` (an int32 scalar in range).
 
-        Subclasses that choose the bits per tensor (MQGrad's "Adaptive" baseline) call this.
+        Two passes of C++ (`tfgc_ops.value_range`, `tfgc_ops.uniform_quantize`): the range,
+        then the codes, packed, and their reconstruction. Subclasses that choose the bits
+        per tensor from its range (MQGrad's "Adaptive" baseline) pass the
+        `tfgc_ops.value_range` of `x` they measured.
         """
-        codes, low, high, finite = self._codes(x, bits)
+        flat = tf.reshape(tf.cast(x, tf.float32), [-1])
+        extremes, finite, _ = tfgc_ops.value_range(flat) if value_range is None else value_range
+        # min and max as the receiver reads them (rounded to x's dtype); 0 when empty.
+        measured = finite & (tf.size(flat) > 0)
+        low = base.round_to(tf.where(measured, extremes[0], 0.0), x.dtype)
+        high = base.round_to(tf.where(measured, extremes[1], 0.0), x.dtype)
         step = (high - low) / _levels(bits)
+        # A NaN low gives every value code 0 and a NaN reconstruction (the non-finite policy).
         low = base.nan_unless(finite, low)
+        packed, reconstructed = tfgc_ops.uniform_quantize(flat, low, step, bits)
         payload = {
-            "data": bitpack.pack_bits(codes, bits),
+            "data": packed,
             "min": tf.cast(low, x.dtype),
             "max": tf.cast(high, x.dtype),
             "bits": tf.cast(bits, tf.uint8),
             "shape": base.shape_of(x),
         }
-        reconstructed = low + tf.cast(codes, tf.float32) * step
         return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
     def decode(self, payload):
@@ -82,21 +91,6 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         )
         with tf.control_dependencies([check]):
             return tf.identity(bits)
-
-
-def _quantized_codes(x, bits):
-    """(int32 codes, min, max, all finite) of `x` with `bits`; min and max as the
-    receiver reads them (rounded to x's dtype)."""
-    flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-    finite = base.all_finite(flat)
-    nonempty = tf.size(flat) > 0
-    low = base.round_to(tf.where(nonempty & finite, tf.reduce_min(flat), 0.0), x.dtype)
-    high = base.round_to(tf.where(nonempty & finite, tf.reduce_max(flat), 0.0), x.dtype)
-    levels = _levels(bits)
-    step = (high - low) / levels
-    codes = tf.round((flat - low) / tf.where(step > 0, step, 1.0))
-    codes = tf.clip_by_value(tf.where(finite, codes, 0.0), 0.0, levels)
-    return tf.cast(codes, tf.int32), low, high, finite
 
 
 def _levels(bits):
