@@ -32,6 +32,7 @@ def recorder_classes():
             self.resumed_rows = 0  # rows that earlier attempts wrote
             self.epoch = 0
             self.start = None
+            self.last_epoch_end = None  # time.monotonic() when the last epoch ended
             self._last_counters = None
 
         def _counters(self):
@@ -78,6 +79,7 @@ def recorder_classes():
                                  ("push_bytes", "push_dense_bytes", "compression_ratio")})
                 self._row(step, logs)
             self.read_sockets(step)
+            self.last_epoch_end = time.monotonic()
 
         def read_sockets(self, step):
             if self.cluster == "task":  # an MWMS worker: its own sockets to its peers

@@ -167,6 +167,8 @@ def test_parameter_server_run(tmp_path):
     assert up > summary["push_bytes_per_step"] > 0
     assert down > summary["push_dense_bytes_per_step"] > up
     assert summary["workers"] == 2 and summary["ps"] == 1
+    # Training time ends with the last step; fit's teardown after it is kept apart.
+    assert float(rows[-1]["time_s"]) <= summary["train_time_s"] and summary["fit_teardown_s"] >= 0
 
 
 @pytest.mark.cluster
