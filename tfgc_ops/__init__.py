@@ -1,7 +1,8 @@
 """tfgc's C++ TensorFlow ops: 3LC's quantize-and-fold and unfold, zero-run encoding and
 entropy coding of the quartic bytes, FastSGD's threshold filter and key bit-packing,
 OneBit's sign bits, the packing of small codes into bytes (the quantizers' payloads),
-LogQuant's decoder, and stochastic rounding (QSGD, stochastic 3-values) with draws that
+uniform quantization (a tensor's range, then its packed codes), LogQuant's decoder, and
+stochastic rounding (QSGD, stochastic 3-values) with draws that
 depend only on a seed and each value's index.
 
 The op library is compiled at install time against the installed TensorFlow. A library
