@@ -182,9 +182,10 @@ def classify(messages, server_device):
             handles += message.count(server_device) // 2  # device and op_device
             kind = "function call"
         elif b";edge_" in message:
-            edge = re.search(rb";edge_\d+_([^;]+);", message).group(1)
-            kind = ("tensor requests: batch-norm statistics" if b"BatchNorm" in edge
-                    else "tensor requests: other")
+            # A request cut by the end of the trace may lack the end of its key.
+            edge = re.search(rb";edge_\d+_([^;]+);", message)
+            kind = ("tensor requests: batch-norm statistics"
+                    if edge and b"BatchNorm" in edge.group(1) else "tensor requests: other")
         else:
             dtype = tensor_dtype(message)
             if dtype == "uint8":

@@ -42,6 +42,9 @@ def test_a_tensor_response_gives_its_dtype_and_a_request_its_kind():
     assert kinds["tensors sent: uint8 (fused messages)"] == [1, len(uint8_tensor)]
     assert kinds["tensors sent: float32"] == [1, len(float_tensor)]
     assert kinds["other messages"] == [1, 1]
+    cut = request[:request.index(b";0:0")]  # the trace ended inside the request's key
+    kinds, _, _ = wire_breakdown.classify([cut], DEVICE)
+    assert kinds["tensor requests: other"] == [1, len(cut)]
 
 
 def test_a_partial_write_keeps_only_the_bytes_sent(tmp_path):
