@@ -301,16 +301,6 @@ def largest_magnitude(flat):
     return tf.where(tf.size(flat) > 0, tf.reduce_max(magnitude), 0.0)
 
 
-def column_sum(flat, width=256):
-    """The sum of 1-D float32 `flat`, added up as `width` column sums.
-
-    Under XLA on CPU a plain sum adds in strict order, one add after the other (about
-    1.3 GB/s); the columns' sums are independent and vectorize (about 3 GB/s).
-    """
-    padded = tf.pad(flat, [[0, (-tf.size(flat)) % width]])
-    return tf.reduce_sum(tf.reduce_sum(tf.reshape(padded, [-1, width]), axis=0))
-
-
 def nan_unless(finite, scale):
     """`scale`, or NaN when the input was not finite (the non-finite policy)."""
     return tf.where(finite, scale, tf.constant(float("nan"), scale.dtype))
