@@ -4,7 +4,6 @@ import math
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc.codecs import base
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
 
 
@@ -66,9 +65,6 @@ class AdaptiveQuantize(Quantize):
     def get_config(self):
         return {"rho": self.rho, "min_bits": self.min_bits, "max_bits": self.max_bits}
 
-    def encode_and_reconstruct(self, x):
-        x = base.check_floating(x, self.name)
-        # One range pass serves both the choice of bits and the quantization.
-        value_range = tfgc_ops.value_range(tf.reshape(tf.cast(x, tf.float32), [-1]))
-        bits = _bits_for_range(value_range, tf.size(x), self.rho, self.min_bits, self.max_bits)
-        return self._quantize(x, bits, value_range)
+    def _bits_for(self, value_range, size):
+        # The range pass that quantization makes anyway also picks the bits.
+        return _bits_for_range(value_range, size, self.rho, self.min_bits, self.max_bits)

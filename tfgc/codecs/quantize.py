@@ -34,8 +34,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         return {"bits": int(self.bits.numpy())}
 
     def encode_and_reconstruct(self, x):
-        x = base.check_floating(x, self.name)
-        return self._quantize(x, self._checked_bits())
+        return self._quantize(base.check_floating(x, self.name))
 
     def encode_with_bits(self, x, bits):
         """The payload of `x` quantized with `bits` (2..8, a number or an int32 tensor)
@@ -45,16 +44,18 @@ class Quantize(tf.Module, base.ReconstructingCodec):
             check_bits(bits)
         return self._quantize(x, tf.convert_to_tensor(bits, tf.int32))[0]
 
-    def _quantize(self, x, bits, value_range=None):
-        """(payload, reconstruction) of floating `x` with `bits` (an int32 scalar in range).
+    def _quantize(self, x, bits=None):
+        """(payload, reconstruction) of floating `x` with `bits` (an int32 scalar in range),
+        or with `_bits_for` its range when `bits` is None.
 
         Two passes of C++ (`tfgc_ops.value_range`, `tfgc_ops.uniform_quantize`): the range,
-        then the codes, packed, and their reconstruction. Subclasses that choose the bits
-        per tensor from its range (MQGrad's "Adaptive" baseline) pass the
-        `tfgc_ops.value_range` of `x` they measured.
+        then the codes, packed, and their reconstruction.
         """
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
-        extremes, finite, _ = tfgc_ops.value_range(flat) if value_range is None else value_range
+        value_range = tfgc_ops.value_range(flat)
+        if bits is None:
+            bits = self._bits_for(value_range, tf.size(flat))
+        extremes, finite, _ = value_range
         # min and max as the receiver reads them (rounded to x's dtype); 0 when empty.
         measured = finite & (tf.size(flat) > 0)
         low = base.round_to(tf.where(measured, extremes[0], 0.0), x.dtype)
@@ -82,6 +83,13 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         step = (tf.cast(payload["max"], tf.float32) - low) / _levels(bits)
         values = tf.cast(low + codes * step, payload["min"].dtype)
         return tf.reshape(values, base.static_shape(shape))
+
+    def _bits_for(self, value_range, size):
+        """The bits to quantize a tensor with, given its `tfgc_ops.value_range` and size:
+        `self.bits`, checked. Subclasses that choose the bits per tensor (MQGrad's
+        "Adaptive" baseline) override this."""
+        del value_range, size  # the same bits for every tensor
+        return self._checked_bits()
 
     def _checked_bits(self):
         bits = tf.convert_to_tensor(self.bits)
