@@ -9,10 +9,14 @@ comparison is the paper's trade-off and does not depend on this machine's load. 
 method trains until the same modelled time budget is spent.
 
 Methods: Fix(2), Fix(4), Fix(8) (`Quantize(bits=k)`), Adaptive (`AdaptiveQuantize`),
-MQGrad (`Quantize` + the `MQGrad` callback with the paper's hyperparameters).
+MQGrad (`Quantize` + the `MQGrad` callback with the paper's hyperparameters). A method
+may carry agent arguments, e.g. `MQGrad:initial_bits=4,reward_normalization=rms`: one
+variant per spec, reported under the spec.
 
     python benchmarks/mqgrad_experiment.py                 # writes benchmarks/mqgrad_*.{json,png}
     python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
+    python benchmarks/mqgrad_experiment.py --budget-s 200 --seeds 0 \
+        --methods "Fix(4)" MQGrad MQGrad:initial_bits=4 --loss-target 0.6
 """
 import argparse
 import json
@@ -99,7 +103,24 @@ class ModelledClock(tf_keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def run(method, data, args, seed):
+def parse_method(spec):
+    """("MQGrad", {"initial_bits": 4}) from "MQGrad:initial_bits=4"; arguments only for MQGrad."""
+    name, _, arguments = spec.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    kwargs = {}
+    for item in filter(None, arguments.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"method argument {item!r} in {spec!r} is not key=value")
+        kwargs[key.strip()] = json.loads(value) if value.strip()[:1] in "-.0123456789[{" else value
+    if kwargs and name != "MQGrad":
+        raise ValueError(f"only MQGrad takes arguments, got {spec!r}")
+    return name, kwargs
+
+
+def run(spec, data, args, seed):
+    method, agent_kwargs = parse_method(spec)
     _, x, y, x_test, y_test = data
     model = build_model(x.shape[1:], int(y.max()) + 1, seed)
     if method.startswith("Fix"):
@@ -107,7 +128,7 @@ def run(method, data, args, seed):
     elif method == "Adaptive":
         codec = mqgrad.AdaptiveQuantize(rho=args.rho)
     else:
-        codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))
+        codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))  # the agent sets it
     optimizer = tfgc.DistributedOptimizer(
         tf_keras.optimizers.SGD(args.lr), compression=codec, min_elements=args.min_elements,
         error_feedback=False)
@@ -123,7 +144,8 @@ def run(method, data, args, seed):
     callbacks = [clock]
     agent = None
     if method == "MQGrad":
-        agent = tfgc.callbacks.MQGrad(optimizer, T=5, seed=seed, time_model=time_model)
+        agent_kwargs = {"T": 5, **agent_kwargs}
+        agent = tfgc.callbacks.MQGrad(optimizer, seed=seed, time_model=time_model, **agent_kwargs)
         callbacks.insert(0, agent)
     dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed)
                .repeat().batch(args.batch_size).prefetch(2))
@@ -133,7 +155,7 @@ def run(method, data, args, seed):
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
     rows = np.array(clock.rows)
     result = {
-        "method": method, "seed": seed, "steps": len(rows), "wall_s": seconds,
+        "method": spec, "seed": seed, "steps": len(rows), "wall_s": seconds,
         "time_s": rows[:, 0].tolist(), "loss": rows[:, 1].tolist(),
         "step_bytes": rows[:, 2].tolist(), "bits": rows[:, 3].tolist(),
         "median_step_ms": float(np.median(rows[1:, 4])),
@@ -149,7 +171,7 @@ def run(method, data, args, seed):
             state_bits=[s["state_bits"] for s in agent.steps],
             rewards=[s["reward"] for s in agent.steps[1:]],
         )
-    print(f"  {method:9s} seed {seed}: {len(rows)} steps in {seconds:.0f} s wall, "
+    print(f"  {spec:9s} seed {seed}: {len(rows)} steps in {seconds:.0f} s wall, "
           f"smoothed loss {ema(rows[:, 1])[-1]:.3f}, test acc {test_accuracy:.3f}", flush=True)
     return result
 
@@ -190,6 +212,11 @@ def on_grid(result, grid):
     return values
 
 
+def methods_of(results):
+    """The method specs in `results`, in order of first appearance."""
+    return list(dict.fromkeys(r["method"] for r in results))
+
+
 def plot(results, args, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -197,11 +224,13 @@ def plot(results, args, path):
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     grid = np.linspace(0, args.budget_s, 200)
-    colors = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:green", "tab:purple", "tab:blue")))
-    for method in METHODS:
+    base_colors = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:green", "tab:purple", "tab:blue")))
+    variant_colors = iter(("tab:cyan", "tab:brown", "tab:pink", "tab:olive", "tab:gray", "black"))
+    colors = {m: base_colors.get(m) or next(variant_colors, "black") for m in methods_of(results)}
+    for method in methods_of(results):
         curves = np.array([on_grid(r, grid) for r in results if r["method"] == method])
-        if len(curves):  # the median: one diverging seed does not hide the others
-            left.plot(grid, np.nanmedian(curves, axis=0), label=method, color=colors[method])
+        # the median: one diverging seed does not hide the others
+        left.plot(grid, np.nanmedian(curves, axis=0), label=method, color=colors[method])
     left.set_xlabel(f"modelled time (s): {args.compute_ms:g} ms compute + bytes / "
                     f"{args.bandwidth / 1e6:g} MB/s, both ways")
     left.set_ylabel("training loss (EMA)")
@@ -209,7 +238,7 @@ def plot(results, args, path):
     left.legend()
     styles = ("-", "--", ":", "-.")
     for r in results:
-        if r["method"] in ("MQGrad", "Adaptive"):
+        if r["method"].startswith("MQGrad") or r["method"] == "Adaptive":
             right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.8,
                        linestyle=styles[args.seeds.index(r["seed"]) % len(styles)],
                        label=f"{r['method']} seed {r['seed']}")
@@ -233,22 +262,38 @@ def _seconds(value):
 
 
 def summarize(results, args):
+    """A markdown table per method (median loss over seeds, time to each loss level per
+    seed), then, per seed and loss target, which method reached the target first."""
     grid = np.array([0.25, 0.5, 0.75, 1.0]) * args.budget_s
+    levels = args.loss_targets
     lines = ["| method | steps (mean) | loss EMA @25% | @50% | @75% | @100% of budget (median of seeds) | "
-             "time (s) to loss 1.0, per seed | to 0.8 | test acc | mean bits |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for method in METHODS:
+             + " | ".join(f"time (s) to loss {level:g}, per seed" for level in levels)
+             + " | test acc | mean bits |",
+             "|---|---|---|---|---|---|" + "---|" * len(levels) + "---|---|"]
+    methods = methods_of(results)
+    for method in methods:
         runs = [r for r in results if r["method"] == method]
-        if not runs:
-            continue
         losses = np.nanmedian([on_grid(r, grid - 1e-9) for r in runs], axis=0)
         lines.append(
             f"| {method} | {np.mean([r['steps'] for r in runs]):.0f} | "
             + " | ".join(f"{v:.3f}" for v in losses)
             + "".join(" | " + " / ".join(_seconds(time_to(r, level)) for r in runs)
-                      for level in (1.0, 0.8))
+                      for level in levels)
             + " | " + " / ".join(f"{r['test_accuracy']:.3f}" for r in runs) + " | "
             f"{np.mean([np.mean(r['bits']) for r in runs]):.2f} |")
+    lines.append("")
+    for level in levels:
+        for seed in sorted({r["seed"] for r in results}):
+            times = {r["method"]: time_to(r, level) for r in results if r["seed"] == seed}
+            best = min(times.values())
+            order = sorted(times, key=times.get)
+            if not np.isfinite(best):
+                lines.append(f"- loss {level:g}, seed {seed}: no method reached it")
+                continue
+            lines.append(
+                f"- loss {level:g}, seed {seed}: first {order[0]} ({_seconds(best)} s); "
+                + ", ".join(f"{m} {times[m] / best:.2f}x" if np.isfinite(times[m]) else f"{m} never"
+                            for m in order[1:]))
     return "\n".join(lines)
 
 
@@ -267,11 +312,19 @@ def main(argv=None):
     parser.add_argument("--min-elements", type=int, default=50_000,
                         help="quantize only the FC layers, as the paper does")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+                        help="methods, MQGrad with optional agent arguments: MQGrad:key=value,...")
+    parser.add_argument("--loss-targets", type=float, nargs="+", default=[1.0, 0.8],
+                        help="loss EMA levels whose time to reach the summary reports")
     parser.add_argument("--out", default=os.path.join(HERE, "mqgrad_experiment"))
     parser.add_argument("--combine", nargs="+", metavar="JSON",
                         help="no training: plot and summarize the runs saved in these files")
     args = parser.parse_args(argv)
+    for spec in args.methods:  # a typo fails now, not after an hour of other runs
+        try:
+            parse_method(spec)
+        except ValueError as error:
+            parser.error(str(error))
     if args.combine:
         results = []
         for path in args.combine:
@@ -285,8 +338,8 @@ def main(argv=None):
         plot(results, args, args.out + ".png")
         print(summarize(results, args))
         for r in results:
-            if r["method"] == "MQGrad":
-                print(f"MQGrad seed {r['seed']}: {r['mdp_steps']} MDP steps, agent "
+            if r["method"].startswith("MQGrad"):
+                print(f"{r['method']} seed {r['seed']}: {r['mdp_steps']} MDP steps, agent "
                       f"{r['agent_us_median']:.0f} us median per MDP step; bits "
                       f"{changes(r)}")
         return
@@ -306,8 +359,8 @@ def main(argv=None):
     plot(results, args, args.out + ".png")
     print(summarize(results, args))
     for r in results:
-        if r["method"] == "MQGrad":
-            print(f"MQGrad seed {r['seed']}: agent {r['agent_us_median']:.0f} us median "
+        if r["method"].startswith("MQGrad"):
+            print(f"{r['method']} seed {r['seed']}: agent {r['agent_us_median']:.0f} us median "
                   f"({r['agent_us_p90']:.0f} us p90) per MDP step, {r['mdp_steps']} steps; "
                   f"median training step {r['median_step_ms']:.1f} ms wall")
 

@@ -203,6 +203,54 @@ def test_checkpoint_restores_the_whole_state_exactly(tmp_path):
         tf.train.Checkpoint(agent=other).restore(path).expect_partial()
 
 
+def test_rms_normalized_rewards_are_eq2_over_their_running_rms():
+    def feed(agent):
+        rng = np.random.default_rng(4)
+        for m in range(60):
+            agent.observe(3.0 - 0.01 * m + rng.normal(0, 0.02), rng.uniform(50, 150))
+            yield agent.last_step["reward"]
+
+    paper = MQGradAgent(T=3, seed=0, eta=1e-12)
+    normalized = MQGradAgent(T=3, seed=0, eta=1e-12, reward_normalization="rms")
+    raw = [r for r in dict.fromkeys(feed(paper)) if r is not None]  # one per MDP step
+    scaled = [r for r in dict.fromkeys(feed(normalized)) if r is not None]
+    assert len(raw) == len(scaled) == 19
+    assert max(abs(r) for r in raw) < 0.2  # Eq. (2)'s scale here
+    expected = [r / np.sqrt(np.mean(np.square(raw[:k + 1]))) for k, r in enumerate(raw)]
+    np.testing.assert_allclose(scaled, expected, rtol=1e-12)
+    assert 0.5 < np.sqrt(np.mean(np.square(scaled))) < 2.0
+    with pytest.raises(ValueError, match="reward_normalization"):
+        MQGradAgent(reward_normalization="zscore")
+
+
+def test_epsilon_decays_per_mdp_step():
+    agent = frozen_agent("keep", epsilon=0.5, epsilon_decay=0.5, T=1)
+    losses = np.full(agent.T, 2.0)
+    assert agent.epsilon == 0.5
+    for _ in range(3):
+        agent.observe(2.0, 1.0)
+    assert agent.t == 3 and agent.epsilon == pytest.approx(0.0625)
+    draws = [agent.policy(3, losses) for _ in range(20000)]
+    assert np.mean(np.array(draws) == ADD) == pytest.approx(0.0625, abs=0.008)
+    with pytest.raises(ValueError, match="epsilon_decay"):
+        MQGradAgent(epsilon_decay=0.0)
+
+
+def test_checkpoint_from_before_the_options_restores_with_paper_defaults():
+    reference = MQGradAgent(T=5, seed=1)
+    for m in range(12):
+        reference.observe(2.0 - 0.01 * m, 10.0)
+    old = reference.get_state()
+    for key in ("reward_normalization", "epsilon_decay"):
+        del old["config"][key]
+    del old["reward_count"], old["reward_square_sum"]
+    restored = MQGradAgent(T=5, seed=3)
+    restored.set_state(old)
+    assert restored.get_state() == reference.get_state()
+    with pytest.raises(ValueError, match="config"):
+        MQGradAgent(T=5, seed=3, reward_normalization="rms").set_state(old)
+
+
 # --- the callback ---------------------------------------------------------------------------
 
 

@@ -326,27 +326,28 @@ def _finalize(z):
     return z ^ (z >> 31)
 
 
-def _multiply_128(a, b):
-    """(high, low) 64-bit halves of the 128-bit products of uint64 arrays a and b."""
-    lo32 = np.uint64(0xFFFFFFFF)
-    a_lo, a_hi, b_lo, b_hi = a & lo32, a >> np.uint64(32), b & lo32, b >> np.uint64(32)
-    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
-    middle = (ll >> np.uint64(32)) + (lh & lo32) + (hl & lo32)
-    low = (ll & lo32) | (middle << np.uint64(32))
-    high = hh + (lh >> np.uint64(32)) + (hl >> np.uint64(32)) + (middle >> np.uint64(32))
-    return high, low
+def _mix32(x):
+    """The draws' 32-bit mixing function ("lowbias32") of a uint32 array."""
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
 
 
-def uniform_draws(seed, n):
-    """The draws u_0..u_{n-1} in [0, 1) of the stochastic-rounding ops under `seed` (two
-    ints): wyrand's output for the counter key + (j + 1) * 0xA0761D6478BD642F, with
-    key = finalize(seed0 ^ finalize(seed1)), top 24 bits."""
+def uniform_draws(seed, n, first=0):
+    """The draws u_first..u_{first+n-1} in [0, 1) of the stochastic-rounding ops under
+    `seed` (two ints): the top 24 bits of mix32(lo32(j) * g + c), a Weyl sequence with
+    key = finalize(seed0 ^ finalize(seed1)), step g = hi32(key) | 1 and offset
+    c = lo32(key) + hi32(j) * 0x9E3779B9, all modulo 2^32."""
     s0, s1 = (int(s) & _MASK64 for s in seed)
-    key = np.uint64(_finalize(s0 ^ _finalize(s1)))
+    key = _finalize(s0 ^ _finalize(s1))
+    j = np.arange(first, first + n, dtype=np.uint64)
+    step, low_key = np.uint32((key >> 32) | 1), np.uint32(key & 0xFFFFFFFF)
     with np.errstate(over="ignore"):
-        state = key + (np.arange(n, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xA0761D6478BD642F)
-        high, low = _multiply_128(state, state ^ np.uint64(0xE7037ED1A0B428DB))
-    return ((high ^ low) >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
+        offset = low_key + (j >> np.uint64(32)).astype(np.uint32) * np.uint32(0x9E3779B9)
+        state = (j & np.uint64(0xFFFFFFFF)).astype(np.uint32) * step + offset
+        return (_mix32(state) >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
 
 
 def qsgd_codes(x, norms, seed, bits, bucket_size):

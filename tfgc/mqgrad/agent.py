@@ -11,6 +11,10 @@ from tfgc.codecs.quantize import MAX_BITS, MIN_BITS
 
 KEEP, ADD = 0, 1
 _STATE_VERSION = 1
+REWARD_NORMALIZATIONS = ("none", "rms")
+# Options and state added after version 1: what a checkpoint without them means.
+_OPTION_DEFAULTS = {"reward_normalization": "none", "epsilon_decay": 1.0}
+_STATE_DEFAULTS = {"reward_count": 0, "reward_square_sum": 0.0}
 
 
 # --- the formulas ------------------------------------------------------------------------
@@ -107,6 +111,18 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
     and `discount=0.9` (a bounded-value choice, as in DQN-era SARSA) discounts the
     bootstrap.
 
+    Two options go beyond the paper, for runs too short for its rewards to shape the
+    network (see benchmarks/MQGRAD_RESULTS.md); their defaults are the paper's agent:
+
+    * `reward_normalization="rms"` divides each reward by the root mean square of all
+      rewards so far (this one included). Eq. (2)'s rewards are slopes of smoothed losses
+      per millisecond, ~1e-3 at the paper's scale, while the network starts with outputs
+      of order 1, so for hundreds of MDP steps its random initialization, not the
+      rewards, decides which level looks best. Normalized rewards are of order 1 whatever
+      the units of loss and time.
+    * `epsilon_decay` multiplies epsilon once per MDP step: exploration early, when the
+      values are unknown, and less later, when an exploratory ADD costs bits for good.
+
     Checkpoints: the agent is a trackable object whose whole state is one string tensor
     (JSON, floats written exactly), saved and restored by `tf.train.Checkpoint`. It holds no
     tf.Variable, so it can live in any process and under any strategy scope.
@@ -120,6 +136,9 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
       eta: SARSA step size.
       discount: TD discount of the bootstrap term.
       reward_scale: the reward's scale (the paper's gamma = 300 in Eq. (2)).
+      reward_normalization: "none" (Eq. (2) as is) or "rms" (divided by the running root
+        mean square of the rewards).
+      epsilon_decay: factor in (0, 1] applied to epsilon after every MDP step.
       hidden_units: width of the hidden layer.
       seed: seeds the network's initialization and the exploration draws (None: random).
         Agents with equal arguments and seeds make identical decisions from identical
@@ -129,7 +148,8 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
 
     def __init__(self, T=5, initial_bits=MIN_BITS, min_bits=MIN_BITS, max_bits=MAX_BITS,
                  alpha=0.01, epsilon=0.1, eta=0.1, discount=0.9, reward_scale=300.0,
-                 hidden_units=10, seed=None, name=None):
+                 hidden_units=10, reward_normalization="none", epsilon_decay=1.0, seed=None,
+                 name=None):
         self.name = name or "mqgrad_agent"
         if int(T) < 1:
             raise ValueError(f"T must be at least 1, got {T}")
@@ -144,11 +164,17 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
                 raise ValueError(f"{label} must be in [{low}, {high}], got {value}")
         if not eta > 0 or not reward_scale > 0 or int(hidden_units) < 1:
             raise ValueError("eta and reward_scale must be positive and hidden_units >= 1")
+        if reward_normalization not in REWARD_NORMALIZATIONS:
+            raise ValueError(f"reward_normalization must be one of {REWARD_NORMALIZATIONS}, "
+                             f"got {reward_normalization!r}")
+        if not 0 < epsilon_decay <= 1:
+            raise ValueError(f"epsilon_decay must be in (0, 1], got {epsilon_decay}")
         self.config = dict(
             T=int(T), initial_bits=int(initial_bits), min_bits=int(min_bits),
             max_bits=int(max_bits), alpha=float(alpha), epsilon=float(epsilon),
             eta=float(eta), discount=float(discount), reward_scale=float(reward_scale),
-            hidden_units=int(hidden_units))
+            hidden_units=int(hidden_units), reward_normalization=reward_normalization,
+            epsilon_decay=float(epsilon_decay))
         self.seeded = seed is not None
         self._rng = np.random.Generator(np.random.PCG64(seed))
         levels = self.config["max_bits"] - self.config["min_bits"] + 1
@@ -168,14 +194,22 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
         self.pending_losses = []      # the current window's losses
         self.pending_costs = []       # ... and times (ms)
         self.last_step = None         # diagnostics of the last MDP step
+        self.reward_count = 0         # rewards seen, and the sum of their squares (for
+        self.reward_square_sum = 0.0  # reward_normalization="rms")
 
     # Keys of the state that change during training (the config does not).
     _STATE_KEYS = ("iteration", "t", "bits", "state_bits", "state_losses", "action", "smoothed",
-                   "pending_losses", "pending_costs", "last_step")
+                   "pending_losses", "pending_costs", "last_step", "reward_count",
+                   "reward_square_sum")
 
     @property
     def T(self):  # noqa: N802 (the paper's name)
         return self.config["T"]
+
+    @property
+    def epsilon(self):
+        """The exploration probability of the next decision (after `epsilon_decay`)."""
+        return self.config["epsilon"] * self.config["epsilon_decay"] ** self.t
 
     # --- the Q-network ---
 
@@ -219,7 +253,7 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
         greedy = self.greedy(state_bits, losses)
         actions = self.actions(state_bits)
         # One draw per decision, even without a choice, keeps the generator in step.
-        explore = self._rng.random() < self.config["epsilon"]
+        explore = self._rng.random() < self.epsilon
         if explore and len(actions) > 1:
             return ADD if greedy == KEEP else KEEP
         return greedy
@@ -280,7 +314,7 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
             # Eq. (3): the new state keeps the greedy choice made in the previous state.
             greedy_previous = self.greedy(self.state_bits, self.state_losses)
             state_bits = self.state_bits + greedy_previous
-            r = reward(smoothed, cost_ms, cfg["reward_scale"])
+            r = self._normalized(reward(smoothed, cost_ms, cfg["reward_scale"]))
         action = self.policy(state_bits, smoothed)
         if r is not None:
             target = r + cfg["discount"] * self.q(state_bits, smoothed, action)
@@ -298,6 +332,14 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
         }
         return self.bits
 
+    def _normalized(self, r):
+        if self.config["reward_normalization"] == "none":
+            return r
+        self.reward_count += 1
+        self.reward_square_sum += r * r
+        rms = math.sqrt(self.reward_square_sum / self.reward_count)
+        return r / rms if rms > 0 else 0.0
+
     # --- checkpointing ---
 
     def get_state(self):
@@ -313,11 +355,13 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
         """Restores a state from `get_state` (the config must match this agent's)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unknown MQGrad agent state version {state.get('version')}")
-        if state["config"] != _to_json(self.config):
+        # Options added after a checkpoint was written take their defaults (the paper's).
+        saved_config = {**_OPTION_DEFAULTS, **state["config"]}
+        if saved_config != _to_json(self.config):
             raise ValueError(
                 f"checkpointed MQGrad agent has config {state['config']}, this one {self.config}")
         for key in self._STATE_KEYS:
-            setattr(self, key, state[key])
+            setattr(self, key, state[key] if key in state else _STATE_DEFAULTS[key])
         if self.state_losses is not None:
             self.state_losses = np.asarray(self.state_losses, np.float64)
         self.params = {k: np.asarray(v, np.float64) for k, v in state["params"].items()}

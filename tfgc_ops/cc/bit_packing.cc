@@ -1,5 +1,7 @@
 #include "bit_packing.h"
 
+#include <cstring>
+
 namespace tfgc {
 namespace bit_packing {
 namespace {
@@ -18,8 +20,10 @@ int64_t PackFixed(const int32_t* codes, int64_t n, uint8_t* out) {
       out_of_range |= v >> B;
       word = (word << B) | (v & ((1u << B) - 1));
     }
-    uint8_t* o = out + B * g;
-    for (int k = 0; k < B; ++k) o[k] = static_cast<uint8_t>(word >> (8 * (B - 1 - k)));
+    // Most significant byte first: byte-swap the word's top B bytes into place and
+    // store them at once (one or two stores instead of B).
+    const uint64_t bytes = __builtin_bswap64(word << (64 - 8 * B));
+    std::memcpy(out + B * g, &bytes, B);
   }
   const int64_t rest = n - 8 * groups;
   if (rest > 0) {

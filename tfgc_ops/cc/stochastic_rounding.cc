@@ -4,6 +4,10 @@
 #include <cfloat>
 #include <cmath>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>  // part of every x86-64 CPU: no run-time dispatch needed
+#endif
+
 #include "bit_packing.h"
 #include "quartic_fold.h"
 
@@ -14,6 +18,96 @@ namespace {
 // Codes are computed and packed through a small buffer of this many values (a multiple
 // of 8, so each chunk packs into whole bytes).
 constexpr int64_t kChunk = 1024;
+
+#if defined(__SSE2__)
+
+// a * b in each 32-bit lane (SSE2 multiplies only the even lanes, 32x32 -> 64 bits).
+inline __m128i MultiplyLow32(__m128i a, __m128i b) {
+  const __m128i even = _mm_mul_epu32(a, b);
+  const __m128i odd = _mm_mul_epu32(_mm_srli_epi64(a, 32), _mm_srli_epi64(b, 32));
+  return _mm_unpacklo_epi32(_mm_shuffle_epi32(even, _MM_SHUFFLE(0, 0, 2, 0)),
+                            _mm_shuffle_epi32(odd, _MM_SHUFFLE(0, 0, 2, 0)));
+}
+
+// Uniform() of four draws, given their counter states.
+inline __m128 UniformOfStates(__m128i x) {
+  x = _mm_xor_si128(x, _mm_srli_epi32(x, 16));
+  x = MultiplyLow32(x, _mm_set1_epi32(0x7FEB352D));
+  x = _mm_xor_si128(x, _mm_srli_epi32(x, 15));
+  x = MultiplyLow32(x, _mm_set1_epi32(static_cast<int>(0x846CA68Bu)));
+  x = _mm_xor_si128(x, _mm_srli_epi32(x, 16));
+  // The top 24 bits are below 2^24, so the signed conversion is exact.
+  return _mm_mul_ps(_mm_cvtepi32_ps(_mm_srli_epi32(x, 8)), _mm_set1_ps(1.0f / 16777216.0f));
+}
+
+// The counter states of draws j .. j + 3 (which share the high word of their index).
+inline __m128i StatesFrom(uint64_t key, int64_t j) {
+  const uint32_t step = Step(key);
+  const uint32_t first = static_cast<uint32_t>(j) * step + Offset(key, j);
+  return _mm_add_epi32(_mm_set1_epi32(static_cast<int>(first)),
+                       _mm_setr_epi32(0, static_cast<int>(step), static_cast<int>(2 * step),
+                                      static_cast<int>(3 * step)));
+}
+
+// How many of `count` draws from index j the four-lane loops take: a multiple of four,
+// ending before the high word of the index changes (a draw's offset depends on it).
+inline int64_t VectorCount(int64_t j, int64_t count) {
+  const int64_t same_high = ((j >> 32) + 1) << 32;
+  return std::min(count, same_high - j) & ~int64_t{3};
+}
+
+// QsgdEncode's codes (norm usable, factor = s / N finite) of x[j, j + count), four at a
+// time; returns how many it wrote to codes[0, ...) (`VectorCount`).
+int64_t QsgdCodesSse2(const float* x, int64_t j, int64_t count, float factor, float levels,
+                      int32_t sign_bit, uint64_t key, int32_t* codes) {
+  count = VectorCount(j, count);
+  __m128i state = StatesFrom(key, j);
+  const __m128i state_step = _mm_set1_epi32(static_cast<int>(4 * Step(key)));
+  const __m128 magnitude_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+  const __m128 factors = _mm_set1_ps(factor), top = _mm_set1_ps(levels);
+  const __m128i signs = _mm_set1_epi32(sign_bit);
+  for (int64_t k = 0; k < count; k += 4) {
+    const __m128 v = _mm_loadu_ps(x + j + k);
+    // As the scalar loop: t = min(|x| * factor, s), level floor(t) + [u < t - floor(t)]
+    // (never above s: at t = s the fraction is 0).
+    const __m128 t = _mm_min_ps(_mm_mul_ps(_mm_and_ps(v, magnitude_mask), factors), top);
+    const __m128i lower = _mm_cvttps_epi32(t);
+    const __m128 fraction = _mm_sub_ps(t, _mm_cvtepi32_ps(lower));
+    const __m128i up = _mm_castps_si128(_mm_cmplt_ps(UniformOfStates(state), fraction));
+    const __m128i negative = _mm_castps_si128(_mm_cmplt_ps(v, _mm_setzero_ps()));
+    const __m128i code = _mm_or_si128(_mm_sub_epi32(lower, up), _mm_and_si128(negative, signs));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), code);
+    state = _mm_add_epi32(state, state_step);
+  }
+  return count;
+}
+
+// One TernaryFold digit for values x[j, j + count) with draws j ...: adds sign(x[j + i])
+// * power to bytes[i] where draw j + i keeps the value, four at a time; returns how many
+// it did (`VectorCount`).
+int64_t TernaryDigitSse2(const float* x, int64_t j, int64_t count, float inverse, int power,
+                         uint64_t key, int* bytes) {
+  count = VectorCount(j, count);
+  __m128i state = StatesFrom(key, j);
+  const __m128i state_step = _mm_set1_epi32(static_cast<int>(4 * Step(key)));
+  const __m128 magnitude_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+  const __m128 inverses = _mm_set1_ps(inverse);
+  const __m128i powers = _mm_set1_epi32(power), twice = _mm_set1_epi32(2 * power);
+  for (int64_t k = 0; k < count; k += 4) {
+    const __m128 v = _mm_loadu_ps(x + j + k);
+    const __m128 threshold = _mm_mul_ps(_mm_and_ps(v, magnitude_mask), inverses);
+    const __m128i kept = _mm_castps_si128(_mm_cmplt_ps(UniformOfStates(state), threshold));
+    const __m128i negative = _mm_castps_si128(_mm_cmplt_ps(v, _mm_setzero_ps()));
+    // +power, or -power for a negative value, where kept.
+    const __m128i signed_power = _mm_sub_epi32(powers, _mm_and_si128(negative, twice));
+    __m128i* at = reinterpret_cast<__m128i*>(bytes + k);
+    _mm_storeu_si128(at, _mm_add_epi32(_mm_loadu_si128(at), _mm_and_si128(kept, signed_power)));
+    state = _mm_add_epi32(state, state_step);
+  }
+  return count;
+}
+
+#endif  // __SSE2__
 
 }  // namespace
 
@@ -54,6 +148,11 @@ void QsgdEncode(const float* x, int64_t n, const float* norms, int64_t bucket, i
       // comes first: |x| / N * s.
       const bool subnormal = levels / static_cast<double>(norm) > FLT_MAX;
       const float factor = subnormal ? 0.0f : levels / norm;
+#if defined(__SSE2__)
+      if (!subnormal) {
+        j += QsgdCodesSse2(x, j, stretch_end - j, factor, levels, sign_bit, key, codes + (j - start));
+      }
+#endif
       for (; j < stretch_end; ++j) {
         const float magnitude = std::fabs(x[j]);
         const float t = std::min(subnormal ? magnitude / norm * levels : magnitude * factor, levels);
@@ -103,7 +202,14 @@ void TernaryFold(const float* x, int64_t n, float scale, uint64_t seed0, uint64_
     for (int k = 0; k < 5; ++k) {
       const int64_t offset = k * groups;  // byte i holds value k * groups + i
       const int64_t last = std::min(stop, n - offset);
-      for (int64_t i = start; i < last; ++i) {
+      int64_t i = start;
+#if defined(__SSE2__)
+      if (i < last) {
+        i += TernaryDigitSse2(x, offset + i, last - i, inverse, kPowers[k], key,
+                              bytes + (i - start));
+      }
+#endif
+      for (; i < last; ++i) {
         const float v = x[offset + i];
         const int kept = Uniform(key, offset + i) < std::fabs(v) * inverse;
         const int sign = 1 - 2 * (v < 0);

@@ -3,7 +3,8 @@
 // the value's index (so blocks run in any order and give the same bytes).
 //
 // Draw j under seed (s0, s1): u_j = `Uniform(SeedKey(s0, s1), j)`, a counter-based
-// wyrand draw.
+// draw: a 32-bit mixing function of a Weyl sequence whose step and offset come from the
+// seed (four draws per SSE2 instruction sequence).
 //
 // QSGD (bits K, levels s = 2^(K-1) - 1, buckets of B values with norms N_b): value j of
 // bucket b has level l = min(floor(t) + [u_j < t - floor(t)], s) with
@@ -30,14 +31,28 @@ inline uint64_t Finalize(uint64_t z) {
 }
 inline uint64_t SeedKey(uint64_t seed0, uint64_t seed1) { return Finalize(seed0 ^ Finalize(seed1)); }
 
-// u_j in [0, 1), a multiple of 2^-24: the top 24 bits of wyrand's output for the
-// counter key + (j + 1) * 0xA0761D6478BD642F (one 64x64 -> 128-bit multiply per draw).
+// The draws' 32-bit mixing function: a bijection with full avalanche ("lowbias32").
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// The counter state of draw j: a Weyl sequence lo32(j) * g + c with the key's odd step
+// g = hi32(key) | 1 and offset c = lo32(key) + hi32(j) * 0x9E3779B9. All 32-bit, so
+// four draws fit one SSE2 register (QsgdEncode).
+inline uint32_t Step(uint64_t key) { return static_cast<uint32_t>(key >> 32) | 1u; }
+inline uint32_t Offset(uint64_t key, int64_t j) {
+  return static_cast<uint32_t>(key) +
+         static_cast<uint32_t>(static_cast<uint64_t>(j) >> 32) * 0x9E3779B9u;
+}
+
+// u_j in [0, 1), a multiple of 2^-24: the top 24 bits of Mix32 of draw j's state.
 inline float Uniform(uint64_t key, int64_t j) {
-  const uint64_t state = key + (static_cast<uint64_t>(j) + 1) * 0xA0761D6478BD642Full;
-  const unsigned __int128 product =
-      static_cast<unsigned __int128>(state) * (state ^ 0xE7037ED1A0B428DBull);
-  const uint64_t z = static_cast<uint64_t>(product >> 64) ^ static_cast<uint64_t>(product);
-  return static_cast<float>(static_cast<int32_t>(z >> 40)) * (1.0f / 16777216.0f);
+  const uint32_t state = static_cast<uint32_t>(j) * Step(key) + Offset(key, j);
+  return static_cast<float>(Mix32(state) >> 8) * (1.0f / 16777216.0f);
 }
 
 // L2 norm of each bucket of `bucket` values of x[0, n) (the last one short), summed in

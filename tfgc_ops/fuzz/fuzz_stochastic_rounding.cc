@@ -9,11 +9,15 @@
 //   * BucketNorms by blocks equals one pass and a naive double sum (to float rounding).
 //   * QsgdEncode by blocks (8-aligned, last first, into an exactly-sized heap buffer)
 //     equals one pass; each code's sign is x < 0 and its level is 0 in an unusable
-//     bucket, else floor(t) or floor(t) + 1, capped at s; QsgdDecode gives back
+//     bucket, else floor(t) + [Uniform(key, j) < t - floor(t)] as the scalar definition
+//     computes it (the SSE2 loop must agree), and floor(t) or floor(t) + 1 in double,
+//     capped at s; QsgdDecode gives back
 //     +-level * norm / s into exactly n floats (ASan).
 //   * QsgdDecode of the input bytes as a payload writes exactly the n values they hold.
-//   * TernaryFold by blocks equals one pass, every byte <= 242, and a zero value stays 0.
+//   * TernaryFold by blocks equals one pass, every byte <= 242, a zero value stays 0,
+//     and each 3-value is sign(x) where Uniform(key, j) < |x| / M, else 0.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -91,6 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sr::QsgdDecode(packed.get(), n, norms.data(), bucket, bits, b, e, values.get());
   });
   const int32_t sign_bit = 1 << (bits - 1);
+  const uint64_t key = sr::SeedKey(seed0, seed1);
   for (int64_t j = 0; j < n; ++j) {
     const float norm = norms[j / bucket];
     const int32_t level = codes[j] & (sign_bit - 1);
@@ -100,6 +105,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       const double t = std::min(double(std::fabs(x[j])) * (levels / double(norm)), double(levels));
       Check(level >= std::floor(t) - 1 && level <= std::floor(t) + 1, "level near t");
+      const bool subnormal = levels / double(norm) > FLT_MAX;
+      const float t32 = std::min(subnormal ? std::fabs(x[j]) / norm * levels
+                                           : std::fabs(x[j]) * (levels / norm), levels);
+      const int32_t lower = static_cast<int32_t>(t32);
+      const int32_t up = sr::Uniform(key, j) < t32 - static_cast<float>(lower);
+      Check(level == std::min(lower + up, sign_bit - 1), "level is the scalar definition's");
     }
     const float magnitude = static_cast<float>(level);
     const float expected = ((codes[j] & sign_bit) ? -magnitude : magnitude) * norm / levels;
@@ -136,6 +147,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const int64_t j = k * groups + i;
         const int digit = fold[i] / kPowers[k] % 3;
         if (j >= n || x[j] == 0.0f) Check(digit == 1, "a zero (or pad) value sent nonzero");
+        if (j < n) {  // the scalar definition (the SSE2 loop must agree)
+          const bool kept = sr::Uniform(key, j) < std::fabs(x[j]) * (1.0f / scale);
+          Check(digit == 1 + (kept ? (x[j] < 0 ? -1 : 1) : 0), "3-value is the definition's");
+        }
       }
     }
   }
