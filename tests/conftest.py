@@ -13,6 +13,24 @@ import cluster_scripts  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_temp_dir(tmp_path_factory):
+    """Temporary files of the session (cluster log directories, TensorFlow's autograph
+    sources), this process's and its children's, go under pytest's base temp directory,
+    which pytest prunes (it keeps the last three runs), instead of piling up in /tmp."""
+    import tempfile  # noqa: PLC0415
+
+    scratch = str(tmp_path_factory.mktemp("scratch"))
+    previous_env, previous_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = scratch, scratch
+    yield scratch
+    tempfile.tempdir = previous_dir
+    if previous_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous_env
+
+
 @pytest.fixture(autouse=True)
 def fresh_pull_registry(monkeypatch):
     """Each test starts with no pulling optimizer or unstarted PulledVariable known to
