@@ -33,6 +33,7 @@ import tf_keras  # noqa: E402
 
 import tfgc  # noqa: E402
 from tfgc import mqgrad  # noqa: E402
+from tfgc.wire.message import fused_nbytes  # noqa: E402
 
 METHODS = ("Fix(2)", "Fix(4)", "Fix(8)", "Adaptive", "MQGrad")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -135,8 +136,10 @@ def run(spec, data, args, seed):
     model.compile(optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     compressed = [v for v in model.trainable_variables if optimizer.compresses(v)]
-    uncompressed_bytes = sum(4 * v.shape.num_elements() for v in model.trainable_variables
-                             if not optimizer.compresses(v))
+    # What the small tensors' codec (float16 by default) pushes, as the optimizer counts it.
+    uncompressed_bytes = sum(
+        fused_nbytes(optimizer.wire_codec(v).encode, tf.zeros(v.shape, v.dtype))
+        for v in model.trainable_variables if not optimizer.compresses(v))
     compressed_values = sum(v.shape.num_elements() for v in compressed)
     time_model = mqgrad.TimeModel(args.bandwidth, compute_ms=args.compute_ms)
     clock = ModelledClock(optimizer, time_model, args.budget_s,
@@ -172,7 +175,7 @@ def run(spec, data, args, seed):
             rewards=[s["reward"] for s in agent.steps[1:]],
         )
     print(f"  {spec:9s} seed {seed}: {len(rows)} steps in {seconds:.0f} s wall, "
-          f"smoothed loss {ema(rows[:, 1])[-1]:.3f}, test acc {test_accuracy:.3f}", flush=True)
+          f"smoothed loss {ema(trusted_losses(rows[:, 1]))[-1]:.3f}, test acc {test_accuracy:.3f}", flush=True)
     return result
 
 
@@ -195,6 +198,21 @@ def changes(result):
     return [(round(times[i], 1), bits[i]) for i in range(len(bits)) if i == 0 or bits[i] != bits[i - 1]]
 
 
+# A cross-entropy above this means the run diverged.
+DIVERGED_LOSS = 1e6
+
+
+def trusted_losses(losses):
+    """The batch losses, NaN from the first one that is non-finite, negative or above
+    DIVERGED_LOSS: after a divergence the running mean Keras logs is huge, and the batch
+    losses recovered from it by subtraction are rounding noise (even small or negative)."""
+    losses = np.array(losses, np.float64)
+    bad = np.nonzero(~np.isfinite(losses) | (losses < 0) | (losses > DIVERGED_LOSS))[0]
+    if bad.size:
+        losses[bad[0]:] = np.nan
+    return losses
+
+
 def ema(values, alpha=0.05):
     out, last = [], values[0]
     for v in values:
@@ -205,7 +223,7 @@ def ema(values, alpha=0.05):
 
 def on_grid(result, grid):
     """The EMA of the training loss at the given modelled times (NaN past the run's end)."""
-    smoothed = ema(np.array(result["loss"]))
+    smoothed = ema(trusted_losses(result["loss"]))
     times = np.array(result["time_s"])
     values = np.interp(grid, times, smoothed)
     values[grid > times[-1]] = np.nan
@@ -253,7 +271,7 @@ def plot(results, args, path):
 
 def time_to(result, level):
     """Modelled time at which the loss EMA first reaches `level` (inf if never)."""
-    below = np.nonzero(ema(np.array(result["loss"])) <= level)[0]
+    below = np.nonzero(ema(trusted_losses(result["loss"])) <= level)[0]
     return result["time_s"][below[0]] if below.size else float("inf")
 
 

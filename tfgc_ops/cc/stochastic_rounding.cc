@@ -150,7 +150,8 @@ void QsgdEncode(const float* x, int64_t n, const float* norms, int64_t bucket, i
       const float factor = subnormal ? 0.0f : levels / norm;
 #if defined(__SSE2__)
       if (!subnormal) {
-        j += QsgdCodesSse2(x, j, stretch_end - j, factor, levels, sign_bit, key, codes + (j - start));
+        j += QsgdCodesSse2(x, j, stretch_end - j, factor, levels, sign_bit, key,
+                           codes + (j - start));
       }
 #endif
       for (; j < stretch_end; ++j) {
