@@ -104,7 +104,7 @@ def test_transition_keeps_the_greedy_choice_and_workers_get_n_plus_a():
 
 def test_sarsa_update_matches_a_hand_computed_step():
     agent = MQGradAgent(T=3, epsilon=0.0, eta=0.1, discount=0.9, reward_scale=300.0,
-                        alpha=0.5, seed=5)
+                        alpha=0.5, seed=5, reward_normalization="none")  # Eq. (2) as is
     agent.observe(2.0, 10.0)  # t = 0: s_0 = [2, (2, 2, 2)], a_0 chosen greedily
     n0, s0, a0 = agent.state_bits, agent.state_losses.copy(), agent.action
     before = {k: v.copy() for k, v in agent.params.items()}
@@ -210,7 +210,7 @@ def test_rms_normalized_rewards_are_eq2_over_their_running_rms():
             agent.observe(3.0 - 0.01 * m + rng.normal(0, 0.02), rng.uniform(50, 150))
             yield agent.last_step["reward"]
 
-    paper = MQGradAgent(T=3, seed=0, eta=1e-12)
+    paper = MQGradAgent(T=3, seed=0, eta=1e-12, reward_normalization="none")
     normalized = MQGradAgent(T=3, seed=0, eta=1e-12, reward_normalization="rms")
     raw = [r for r in dict.fromkeys(feed(paper)) if r is not None]  # one per MDP step
     scaled = [r for r in dict.fromkeys(feed(normalized)) if r is not None]
@@ -237,18 +237,19 @@ def test_epsilon_decays_per_mdp_step():
 
 
 def test_checkpoint_from_before_the_options_restores_with_paper_defaults():
-    reference = MQGradAgent(T=5, seed=1)
+    paper = dict(reward_normalization="none", epsilon_decay=1.0)  # the only agent then
+    reference = MQGradAgent(T=5, seed=1, **paper)
     for m in range(12):
         reference.observe(2.0 - 0.01 * m, 10.0)
     old = reference.get_state()
     for key in ("reward_normalization", "epsilon_decay"):
         del old["config"][key]
     del old["reward_count"], old["reward_square_sum"]
-    restored = MQGradAgent(T=5, seed=3)
+    restored = MQGradAgent(T=5, seed=3, **paper)
     restored.set_state(old)
     assert restored.get_state() == reference.get_state()
-    with pytest.raises(ValueError, match="config"):
-        MQGradAgent(T=5, seed=3, reward_normalization="rms").set_state(old)
+    with pytest.raises(ValueError, match="config"):  # today's defaults are not the paper's
+        MQGradAgent(T=5, seed=3).set_state(old)
 
 
 # --- the callback ---------------------------------------------------------------------------

@@ -175,6 +175,58 @@ def test_sign_bits_encode_refuses_what_is_not_a_vector():
         tfgc_ops.sign_bits_encode(np.zeros([2, 2], np.float32))
 
 
+# --- Sparsify's and TopK's selection (magnitude_select) -----------------------------------
+
+
+def layouts(rng, size):
+    """Values the selection must handle: heavy tails, ties and zeros, every exponent with
+    non-finite values among them, subnormals, and a column-structured matrix."""
+    tails = values(rng, size)
+    ties = rng.integers(-2, 3, size).astype(np.float32)
+    spread = (np.ldexp(1.0, -rng.integers(0, 149, size)) * rng.choice([-1, 1], size)).astype(np.float32)
+    spread[rng.random(size) < 0.03] = np.nan
+    spread[rng.random(size) < 0.03] = -np.inf
+    tiny = np.where(rng.random(size) < 0.5, 0, rng.standard_normal(size) * 1e-40).astype(np.float32)
+    columns = np.tile(np.where(np.arange(64) % 16 == 0, 10.0, 1.0), size // 64 + 1)[:size]
+    return [tails, ties, spread, tiny, (columns * rng.random(size)).astype(np.float32)]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("non_finite_in_wanted", [False, True])
+def test_magnitude_select_matches_the_reference(rng, size, non_finite_in_wanted):
+    for x in layouts(rng, size):
+        for wanted in {-1, 0, 1, size // 100, size // 20, size // 2, size, size + 3}:
+            keep = ref.magnitude_select(x, wanted, non_finite_in_wanted)
+            bitmap, kept, dense = tfgc_ops.magnitude_select(
+                x, wanted, non_finite_in_wanted=non_finite_in_wanted)
+            np.testing.assert_array_equal(bitmap.numpy(), np.packbits(keep))
+            np.testing.assert_array_equal(kept.numpy(), x[keep])  # NaNs compare equal here
+            np.testing.assert_array_equal(dense.numpy(), np.where(keep, x, np.float32(0)))
+            indices, kept, _ = tfgc_ops.magnitude_select(
+                x, wanted, positions="indices", non_finite_in_wanted=non_finite_in_wanted)
+            np.testing.assert_array_equal(indices.numpy(), np.flatnonzero(keep))
+            np.testing.assert_array_equal(kept.numpy(), x[keep])
+
+
+def test_magnitude_select_takes_ties_in_position_order_and_never_zeros():
+    x = np.array([0.0, -3.0, 1.0, 3.0, -0.0, 3.0, 2.0, np.nan], np.float32)
+    indices = lambda wanted, **kw: tfgc_ops.magnitude_select(  # noqa: E731
+        x, wanted, positions="indices", **kw)[0].numpy().tolist()
+    assert indices(2) == [1, 3, 7]  # the first two of the three tied at 3, and the NaN
+    assert indices(2, non_finite_in_wanted=True) == [1, 7]
+    assert indices(100) == [1, 2, 3, 5, 6, 7]  # zeros, of either sign, never
+    assert indices(0) == [7]
+
+
+def test_magnitude_select_checks_its_inputs():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        tfgc_ops.magnitude_select(np.ones([2, 3], np.float32), 1)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        tfgc_ops.magnitude_select(np.ones(3, np.float32), [1, 2])
+    with pytest.raises(ValueError, match="positions"):
+        tfgc_ops.magnitude_select(np.ones(3, np.float32), 1, positions="mask")
+
+
 # --- FastSGD's threshold filter (magnitude_filter) ----------------------------------------
 
 

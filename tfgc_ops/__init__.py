@@ -17,8 +17,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "quartic_fold",
-           "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
+__all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "magnitude_select",
+           "quartic_fold", "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
            "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
            "unpack_bits", "value_range", "uniform_quantize", "qsgd_norms", "qsgd_encode", "qsgd_decode",
@@ -130,6 +130,32 @@ def sign_bits_encode(x):
       values each sum holds (`reference.sign_bits_encode`).
     """
     return _ops.tfgc_sign_bits_encode(tf.convert_to_tensor(x, tf.float32))
+
+
+def magnitude_select(x, wanted, positions="bitmap", non_finite_in_wanted=False):
+    """The `wanted` largest magnitudes of a float32 vector, exactly, in three passes.
+
+    Selects the `wanted` largest nonzero finite |x_i| (fewer when fewer are nonzero; ties
+    at the threshold in position order) and every value that is not finite, which counts
+    in `wanted` when `non_finite_in_wanted` (`reference.magnitude_select`).
+
+    Args:
+      x: 1-D float32 tensor (at most 2^31 - 1 values).
+      wanted: integer scalar.
+      positions: "bitmap" (uint8, bit i most significant first, as `pack_bits` packs
+        1-bit codes) or "indices" (int32, ascending).
+      non_finite_in_wanted: whether the non-finite values use up part of `wanted`.
+
+    Returns:
+      (positions, values, reconstruction): the selection as asked; the selected values
+      in position order; x where selected and 0 elsewhere (computed only where used).
+    """
+    types = {"bitmap": tf.uint8, "indices": tf.int32}
+    if positions not in types:
+        raise ValueError(f"positions must be 'bitmap' or 'indices', got {positions!r}")
+    return _ops.tfgc_magnitude_select(
+        tf.convert_to_tensor(x, tf.float32), tf.cast(wanted, tf.int64),
+        non_finite_in_wanted=bool(non_finite_in_wanted), positions_type=types[positions])
 
 
 def magnitude_filter(v, factor):

@@ -281,6 +281,21 @@ def magnitude_filter(v, factor):
     return total, np.flatnonzero(candidate)
 
 
+def magnitude_select(x, wanted, non_finite_in_wanted=False):
+    """`tfgc_ops.magnitude_select`'s selection as a bool mask: the `wanted` largest
+    nonzero finite |x| (ties in position order), and every non-finite value."""
+    x = np.asarray(x, np.float32)
+    patterns = x.view(np.uint32) & np.uint32(0x7FFFFFFF)  # orders like the magnitude
+    finite = patterns < np.uint32(0x7F800000)
+    if non_finite_in_wanted:
+        wanted -= int((~finite).sum())
+    candidates = np.flatnonzero(finite & (patterns > 0))
+    order = candidates[np.argsort(-patterns[candidates].astype(np.int64), kind="stable")]
+    keep = ~finite
+    keep[order[:max(0, min(wanted, order.size))]] = True
+    return keep
+
+
 def pack_bits(codes, bits):
     """Codes in [0, 2^bits) as one bit stream, most significant bit first, zero-padded."""
     codes = np.asarray(codes, np.int64).reshape(-1)

@@ -1,0 +1,49 @@
+// Exact selection of the largest magnitudes of float32 values (Sparsify and TopK), free
+// of TensorFlow.
+//
+// A finite float32's magnitude orders like its bit pattern p = bits & 0x7FFFFFFF, so the
+// value of rank k is found by radix selection on p: a histogram of p's top 11 bits over
+// all values (8 KiB of counts: it stays in L1, where a 2^16-bin one did not), then the
+// values of the chosen bin only, on the next 10 bits and the last 10. Zeros are never
+// selected; values that are not finite always are.
+//
+// The selection is "every finite value with p > threshold, and the first `ties` values
+// (in position order) with p == threshold", plus the non-finite ones. `Write` applies it
+// in one pass: the bitmap or the positions, the selected values, and the dense tensor of
+// the selected values (zeros elsewhere).
+#ifndef TFGC_OPS_CC_MAGNITUDE_SELECT_H_
+#define TFGC_OPS_CC_MAGNITUDE_SELECT_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace tfgc {
+namespace magnitude_select {
+
+struct Selection {
+  uint32_t threshold = 0;  // magnitude bit pattern; a finite value above it is selected
+  int64_t ties = 0;        // how many values equal to it are selected, first ones first
+  int64_t count = 0;       // values selected, non-finite ones included
+};
+
+// Selects the `wanted` largest nonzero finite magnitudes of x[0, n) (fewer when fewer are
+// nonzero; none when wanted <= 0), after subtracting the non-finite values from `wanted`
+// when non_finite_in_wanted. `scratch` holds the candidates of the middle pass.
+Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_wanted,
+                 std::vector<uint32_t>* scratch);
+
+// Outputs of a selection; any pointer may be null (that output is not written).
+struct Outputs {
+  uint8_t* bitmap = nullptr;        // ceil(n / 8) bytes: bit i (most significant first)
+  int32_t* positions = nullptr;     // `count` ascending positions (n must be < 2^31)
+  float* values = nullptr;          // `count` selected values, in position order
+  float* reconstruction = nullptr;  // n values: x where selected, else 0
+};
+
+// Writes the outputs of `selection` over x[0, n) in one pass.
+void Write(const float* x, int64_t n, const Selection& selection, const Outputs& outputs);
+
+}  // namespace magnitude_select
+}  // namespace tfgc
+
+#endif  // TFGC_OPS_CC_MAGNITUDE_SELECT_H_
