@@ -218,6 +218,32 @@ def test_magnitude_select_takes_ties_in_position_order_and_never_zeros():
     assert indices(0) == [7]
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_bitmap_expand_inverts_the_selection(rng, size):
+    for x in layouts(rng, size):
+        bitmap, kept, dense = tfgc_ops.magnitude_select(x, size // 20)
+        np.testing.assert_array_equal(tfgc_ops.bitmap_expand(bitmap, kept, size).numpy(),
+                                      dense.numpy())
+
+
+def test_bitmap_expand_refuses_sizes_that_disagree():
+    bitmap = np.packbits([1, 0, 1, 0, 0, 0, 0, 0, 1]).astype(np.uint8)  # 2 bytes, 3 bits set
+    values = np.array([1.0, 2.0, 3.0], np.float32)
+    np.testing.assert_array_equal(tfgc_ops.bitmap_expand(bitmap, values, 9).numpy(),
+                                  [1, 0, 2, 0, 0, 0, 0, 0, 3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="selects 2 values"):
+        tfgc_ops.bitmap_expand(bitmap[:1], values, 8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="takes 1 bytes"):
+        tfgc_ops.bitmap_expand(bitmap, values[:2], 7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="selects 3 values"):
+        tfgc_ops.bitmap_expand(bitmap, values[:2], 9)
+    padded = np.array([0b10100000, 0b11111111], np.uint8)  # bits past n = 9 do not count
+    np.testing.assert_array_equal(tfgc_ops.bitmap_expand(padded, values, 9).numpy(),
+                                  [1, 0, 2, 0, 0, 0, 0, 0, 3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bytes"):
+        tfgc_ops.bitmap_expand(bitmap, values, -1)
+
+
 def test_magnitude_select_checks_its_inputs():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
         tfgc_ops.magnitude_select(np.ones([2, 3], np.float32), 1)

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "magnitude_select",
+           "bitmap_expand",
            "quartic_fold", "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
            "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
@@ -156,6 +157,22 @@ def magnitude_select(x, wanted, positions="bitmap", non_finite_in_wanted=False):
     return _ops.tfgc_magnitude_select(
         tf.convert_to_tensor(x, tf.float32), tf.cast(wanted, tf.int64),
         non_finite_in_wanted=bool(non_finite_in_wanted), positions_type=types[positions])
+
+
+def bitmap_expand(bitmap, values, n):
+    """The inverse of `magnitude_select`'s bitmap and values (Sparsify's decode).
+
+    Returns:
+      float32 [n]: the next of `values` where bit i of `bitmap` is set (most significant
+      bit first), else 0.
+
+    Raises:
+      tf.errors.InvalidArgumentError: the bitmap is not ceil(n / 8) bytes, or its first n
+        bits do not select exactly as many values as given (checked before allocating).
+    """
+    return _ops.tfgc_bitmap_expand(tf.convert_to_tensor(bitmap, tf.uint8),
+                                   tf.convert_to_tensor(values, tf.float32),
+                                   tf.cast(n, tf.int64))
 
 
 def magnitude_filter(v, factor):

@@ -58,6 +58,11 @@ class Sparsify(base.ReconstructingCodec):
     def decode(self, payload):
         shape = payload["shape"]
         n = tf.reduce_prod(shape)
+        dtype = payload["values"].dtype
+        if dtype in _THROUGH_FLOAT32:  # the op checks both sizes before allocating
+            values = tf.cast(payload["values"], tf.float32)
+            dense = tfgc_ops.bitmap_expand(payload["bitmap"], values, n)
+            return tf.reshape(tf.cast(dense, dtype), base.static_shape(shape))
         bitmap = base.check_size(payload["bitmap"], bitpack.packed_size(n, 1), self.name)
         positions = tf.where(bitpack.unpack_bits(bitmap, 1, n) > 0)
         values = base.check_size(payload["values"], tf.shape(positions)[0], self.name)

@@ -100,8 +100,9 @@ Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_w
   for (int64_t j = 0; j < found; ++j) ++middle[candidates[j] >> kLowShift];
   const int64_t middle_rank = wanted - above_top;
   const int middle_bin = BinOfRank(middle.data(), kLowBins, middle_rank, &above_middle);
+  const uint32_t middle_bits = static_cast<uint32_t>(middle_bin);
   for (int64_t j = 0; j < found; ++j) {
-    low[candidates[j] & kLowMask] += (candidates[j] >> kLowShift) == static_cast<uint32_t>(middle_bin);
+    low[candidates[j] & kLowMask] += (candidates[j] >> kLowShift) == middle_bits;
   }
   const int64_t low_rank = middle_rank - above_middle;
   const int low_bin = BinOfRank(low.data(), kLowBins, low_rank, &above_low);
@@ -212,6 +213,30 @@ constexpr std::array<Writer, sizeof...(kOutputs)> Writers(std::integer_sequence<
 constexpr auto kWriters = Writers(std::make_integer_sequence<int, 16>());
 
 }  // namespace
+
+int64_t CountSelected(const uint8_t* bitmap, int64_t n) {
+  const int64_t whole = n / 8;
+  int64_t count = 0, i = 0;
+  for (; i + 8 <= whole; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bitmap + i, sizeof(word));
+    count += __builtin_popcountll(word);
+  }
+  for (; i < whole; ++i) count += __builtin_popcount(bitmap[i]);
+  if (n & 7) count += __builtin_popcount(bitmap[whole] >> (8 - (n & 7)));
+  return count;
+}
+
+void Expand(const uint8_t* bitmap, int64_t n, const float* values, float* out) {
+  std::fill(out, out + n, 0.0f);
+  int64_t next = 0;
+  for (int64_t byte = 0; byte * 8 < n; ++byte) {
+    // Bit j of the reversed byte is position 8 * byte + j; padding bits past n drop.
+    unsigned bits = kReversed.of[bitmap[byte]];
+    if (byte * 8 + 8 > n) bits &= (1u << (n - byte * 8)) - 1;
+    for (; bits != 0; bits &= bits - 1) out[byte * 8 + __builtin_ctz(bits)] = values[next++];
+  }
+}
 
 void Write(const float* x, int64_t n, const Selection& selection, const Outputs& outputs) {
   const int which = (outputs.bitmap != nullptr) | (outputs.positions != nullptr) << 1 |

@@ -10,7 +10,8 @@
 // The selection is "every finite value with p > threshold, and the first `ties` values
 // (in position order) with p == threshold", plus the non-finite ones. `Write` applies it
 // in one pass: the bitmap or the positions, the selected values, and the dense tensor of
-// the selected values (zeros elsewhere).
+// the selected values (zeros elsewhere). `Expand` turns a bitmap and values back into
+// the dense tensor (Sparsify's decode).
 #ifndef TFGC_OPS_CC_MAGNITUDE_SELECT_H_
 #define TFGC_OPS_CC_MAGNITUDE_SELECT_H_
 
@@ -42,6 +43,14 @@ struct Outputs {
 
 // Writes the outputs of `selection` over x[0, n) in one pass.
 void Write(const float* x, int64_t n, const Selection& selection, const Outputs& outputs);
+
+// Bits set among the first n bits of a bitmap (ceil(n / 8) bytes, most significant bit
+// first); padding bits are not counted.
+int64_t CountSelected(const uint8_t* bitmap, int64_t n);
+
+// The inverse of a bitmap and values: out[i] = the next of `values` where bit i is set,
+// else 0, for i in [0, n). `values` must hold CountSelected(bitmap, n) floats.
+void Expand(const uint8_t* bitmap, int64_t n, const float* values, float* out);
 
 }  // namespace magnitude_select
 }  // namespace tfgc

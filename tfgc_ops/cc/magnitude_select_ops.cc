@@ -1,5 +1,6 @@
-// TensorFlow op around the largest-magnitude selection of magnitude_select.h (Sparsify
-// and TopK encode in one op).
+// TensorFlow ops around magnitude_select.h: the largest-magnitude selection (Sparsify's
+// and TopK's encode in one op) and the expansion of a bitmap and values (Sparsify's
+// decode).
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -95,6 +96,54 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("Tfgc>MagnitudeSelect").Device(DEVICE_CPU).TypeConstraint<int32>("positions_type"),
     MagnitudeSelectOp<int32>);
+
+REGISTER_OP("Tfgc>BitmapExpand")
+    .Input("bitmap: uint8")
+    .Input("values: float")
+    .Input("n: int64")
+    .Output("dense: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle bitmap, values, n;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &bitmap));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &values));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &n));
+      c->set_output(0, c->Vector(shape_inference::InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The inverse of magnitude_select's bitmap and values (Sparsify's decode): dense[i] is the
+next of `values` where bit i of `bitmap` is set (most significant bit first), else 0.
+InvalidArgument, before anything is allocated, when the bitmap does not hold exactly
+ceil(n / 8) bytes or its first n bits do not set exactly size(values) bits.
+)doc");
+
+class BitmapExpandOp : public OpKernel {
+ public:
+  explicit BitmapExpandOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& bitmap = ctx->input(0);
+    const Tensor& values = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckVector(bitmap, "bitmap_expand"));
+    OP_REQUIRES_OK(ctx, CheckVector(values, "bitmap_expand"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(2), "bitmap_expand", "n"));
+    const int64_t n = ctx->input(2).scalar<int64_t>()();
+    OP_REQUIRES(ctx, n >= 0 && bitmap.NumElements() == (n + 7) / 8,
+                errors::InvalidArgument("bitmap_expand: a bitmap of ", n, " bits takes ",
+                                        n >= 0 ? (n + 7) / 8 : 0, " bytes, got ",
+                                        bitmap.NumElements()));
+    const uint8_t* bits = bitmap.flat<uint8>().data();
+    const int64_t selected = ms::CountSelected(bits, n);
+    OP_REQUIRES(ctx, selected == values.NumElements(),
+                errors::InvalidArgument("bitmap_expand: the bitmap selects ", selected,
+                                        " values, got ", values.NumElements()));
+    Tensor* dense = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &dense));
+    ms::Expand(bits, n, values.flat<float>().data(), dense->flat<float>().data());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Tfgc>BitmapExpand").Device(DEVICE_CPU), BitmapExpandOp);
 
 }  // namespace tfgc_ops
 }  // namespace tensorflow

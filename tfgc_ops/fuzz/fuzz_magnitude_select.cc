@@ -10,7 +10,10 @@
 //     min(max(wanted', 0), nonzero finite) of that order;
 //   * the bitmap (exactly sized heap buffer, zero padding), positions, values and
 //     reconstruction agree with it, with all four outputs and with each one alone
-//     (ASan catches writes past the exact sizes).
+//     (ASan catches writes past the exact sizes); Expand of the bitmap and values gives
+//     the reconstruction back;
+//   * Expand of the input bytes as a bitmap of any bits takes exactly CountSelected
+//     values, in position order, and ignores the padding bits.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -97,6 +100,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (outputs.bitmap && (n & 7) != 0) {
       Check((bitmap[n >> 3] & ((1 << (8 - (n & 7))) - 1)) == 0, "bitmap padding");
     }
+    if (which == 15 && n > 0) {  // Expand inverts the bitmap and values
+      Check(ms::CountSelected(bitmap.get(), n) == count, "count of the bitmap");
+      std::unique_ptr<float[]> dense(new float[n]);
+      ms::Expand(bitmap.get(), n, count > 0 ? values.get() : nullptr, dense.get());
+      Check(std::memcmp(dense.get(), reconstruction.get(), 4 * n) == 0, "expand");
+    }
   }
+
+  // The input bytes themselves as a bitmap of any bits (padding set too): Expand takes
+  // exactly CountSelected values, in order.
+  const int64_t bits = 8 * static_cast<int64_t>(size) - (data[0] & 7);
+  const int64_t selected = ms::CountSelected(data, bits);
+  std::unique_ptr<float[]> given(new float[selected > 0 ? selected : 1]);
+  for (int64_t j = 0; j < selected; ++j) given[j] = static_cast<float>(j + 1);
+  std::unique_ptr<float[]> dense(new float[bits]);
+  ms::Expand(data, bits, given.get(), dense.get());
+  int64_t next = 0;
+  for (int64_t i = 0; i < bits; ++i) {
+    const bool set = (data[i >> 3] >> (7 - (i & 7))) & 1;
+    Check(dense[i] == (set ? static_cast<float>(++next) : 0.0f), "expand of any bitmap");
+  }
+  Check(next == selected, "selected bits");
   return 0;
 }
