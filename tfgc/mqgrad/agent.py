@@ -114,7 +114,7 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
 
     Two options go beyond the paper, and are on by default: with them MQGrad reached
     every loss target first or within 1% of the first in a 3-seed study, where the
-    paper's agent was up to 1.7x slower than Fix(4) (benchmarks/MQGRAD_RESULTS.md).
+    paper's agent was up to 1.6x slower than Fix(4) (benchmarks/MQGRAD_RESULTS.md).
     `reward_normalization="none", epsilon_decay=1.0` is the paper's agent:
 
     * `reward_normalization="rms"` divides each reward by the root mean square of all
