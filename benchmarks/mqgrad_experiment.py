@@ -9,14 +9,14 @@ comparison is the paper's trade-off and does not depend on this machine's load. 
 method trains until the same modelled time budget is spent.
 
 Methods: Fix(2), Fix(4), Fix(8) (`Quantize(bits=k)`), Adaptive (`AdaptiveQuantize`),
-MQGrad (`Quantize` + the `MQGrad` callback with the paper's hyperparameters). A method
-may carry agent arguments, e.g. `MQGrad:initial_bits=4,reward_normalization=rms`: one
-variant per spec, reported under the spec.
+MQGrad (`Quantize` + the `MQGrad` callback with tfgc's defaults). A method may carry
+agent arguments, e.g. `MQGrad:reward_normalization=none,epsilon_decay=1` (the paper's
+agent): one variant per spec, reported under the spec.
 
     python benchmarks/mqgrad_experiment.py                 # writes benchmarks/mqgrad_*.{json,png}
     python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
     python benchmarks/mqgrad_experiment.py --budget-s 200 --seeds 0 \
-        --methods "Fix(4)" MQGrad MQGrad:initial_bits=4 --loss-target 0.6
+        --methods "Fix(4)" MQGrad MQGrad:initial_bits=4 --loss-targets 0.6
 """
 import argparse
 import json
@@ -255,14 +255,12 @@ def plot(results, args, path):
     left.set_title(f"loss vs modelled time (median of {len(args.seeds)} seed(s))")
     left.set_ylim(0.2, 1.5)  # the first seconds fall from ~2.3 for every method
     left.legend(fontsize=8)
-    styles = ("-", "--", ":", "-.")
     for r in results:  # the first seed only: one line per method stays readable
         if r["seed"] != args.seeds[0]:
             continue
         if r["method"].startswith("MQGrad") or r["method"] == "Adaptive":
             right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.8,
-                       linestyle=styles[args.seeds.index(r["seed"]) % len(styles)],
-                       label=f"{r['method']} seed {r['seed']}")
+                       label=r["method"])
     right.set_xlabel("modelled time (s)")
     right.set_ylabel("bits per value (quantized layers)")
     right.set_title(f"bits over time (seed {args.seeds[0]})")
