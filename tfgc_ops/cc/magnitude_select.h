@@ -3,9 +3,10 @@
 //
 // A finite float32's magnitude orders like its bit pattern p = bits & 0x7FFFFFFF, so the
 // value of rank k is found by radix selection on p: a histogram of p's top 11 bits over
-// all values (8 KiB of counts: it stays in L1, where a 2^16-bin one did not), then the
-// values of the chosen bin only, on the next 10 bits and the last 10. Zeros are never
-// selected; values that are not finite always are.
+// all values (8 KiB of counts per copy, four interleaved copies: 32 KiB, L1-sized, where
+// a 2^16-bin histogram takes 256 KiB), then the values of the chosen bin only, on the
+// next 10 bits and the last 10. Zeros are never selected; values that are not finite
+// always are.
 //
 // The selection is "every finite value with p > threshold, and the first `ties` values
 // (in position order) with p == threshold", plus the non-finite ones. `Write` applies it
