@@ -258,10 +258,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
             write_graph=False))
     _log(f"training {args.model} ({summary['parameters']:,d} parameters) with "
          f"{args.compression} under {args.strategy} for {summary['steps']} steps")
-    if args._attempt:
-        # Saved every Keras epoch, after the recorder's row; a later attempt resumes
+    if args._attempt and args.max_restarts > 0:
+        # Saved after the recorder's row, every --backup-every-s; a later attempt resumes
         # from it (models.supervise), restored before the recorder starts.
-        restore, save = supervise.backup_callbacks(out)
+        restore, save = supervise.backup_callbacks(out, args.backup_every_s)
         callbacks = [restore, *callbacks, save]
     started = time.monotonic()
     try:
@@ -409,6 +409,8 @@ def main(argv=None):
         parser.error("--steps, --workers, --ps and --batch-size must be positive")
     if args.max_restarts < 0:
         parser.error("--max-restarts must be >= 0")
+    if args.backup_every_s < 0:
+        parser.error("--backup-every-s must be >= 0")
     try:
         parse_compression(args.compression)
         if args.pull_compression != "none":

@@ -121,8 +121,12 @@ def build_parser():
              "this as the chief task; mwms: run this in every worker task)")
     add("--max-restarts", type=int, default=3,
         help="--strategy ps on a local cluster: after a parameter server (or any task) "
-             "dies, restart the cluster and resume from the last epoch's backup this "
-             "many times")
+             "dies, restart the cluster and resume from the last backup this many times "
+             "(0: no backups are saved)")
+    add("--backup-every-s", type=float, default=60.0,
+        help="with --max-restarts > 0: save the backup after the first Keras epoch, then "
+             "after each epoch that ends this many seconds after the last save (0: every "
+             "epoch; each save costs ~1 s of the coordinator's time)")
     add("--_worker", action="store_true", help=argparse.SUPPRESS)
     add("--_attempt", action="store_true", help=argparse.SUPPRESS)
     return parser

@@ -95,6 +95,28 @@ def test_demo_table_gives_each_first_epoch_against_fp32s():
     assert [row.split(" | ")[column] for row in rows] == ["8.0 (1.00x)", "10.0 (1.25x)", "-"]
 
 
+def test_backups_are_saved_after_the_first_epoch_then_every_interval(tmp_path):
+    from models import supervise
+
+    now = [0.0]
+    restore, save = supervise.backup_callbacks(str(tmp_path), every_s=60.0,
+                                               clock=lambda: now[0])
+    saved = []
+    restore.save = lambda epoch, logs: saved.append(epoch)
+    for epoch, ends_at in enumerate([10, 30, 69, 70, 100, 129, 131]):
+        now[0] = ends_at
+        save.on_epoch_end(epoch)
+    # Epoch 0 (the first), then the first epoch ending >= 60 s after each save.
+    assert saved == [0, 3, 6]
+    every, saved = supervise.backup_callbacks(str(tmp_path), every_s=0.0), []
+    every[0].save = lambda epoch, logs: saved.append(epoch)
+    for epoch in range(3):
+        every[1].on_epoch_end(epoch)
+    assert saved == [0, 1, 2]
+    with pytest.raises(ValueError, match="every_s"):
+        supervise.backup_callbacks(str(tmp_path), every_s=-1)
+
+
 def test_parser_rejects_bad_compression(capsys):
     with pytest.raises(SystemExit):
         train.main(["--compression", "nope"])
