@@ -124,8 +124,8 @@ def build_parser():
              "dies, restart the cluster and resume from the last backup this many times "
              "(0: no backups are saved)")
     add("--backup-every-s", type=float, default=60.0,
-        help="with --max-restarts > 0: save the backup after the first Keras epoch, then "
-             "after each epoch that ends this many seconds after the last save (0: every "
+        help="with --max-restarts > 0: save the backup after each Keras epoch that ends "
+             "this many seconds after the last save or the start of training (0: every "
              "epoch; each save costs ~1 s of the coordinator's time)")
     add("--_worker", action="store_true", help=argparse.SUPPRESS)
     add("--_attempt", action="store_true", help=argparse.SUPPRESS)

@@ -95,7 +95,7 @@ def test_demo_table_gives_each_first_epoch_against_fp32s():
     assert [row.split(" | ")[column] for row in rows] == ["8.0 (1.00x)", "10.0 (1.25x)", "-"]
 
 
-def test_backups_are_saved_after_the_first_epoch_then_every_interval(tmp_path):
+def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
     from models import supervise
 
     now = [0.0]
@@ -103,13 +103,15 @@ def test_backups_are_saved_after_the_first_epoch_then_every_interval(tmp_path):
                                                clock=lambda: now[0])
     saved = []
     restore.save = lambda epoch, logs: saved.append(epoch)
-    for epoch, ends_at in enumerate([10, 30, 69, 70, 100, 129, 131]):
+    save.on_train_begin()
+    for epoch, ends_at in enumerate([10, 59, 60, 100, 119, 121, 200]):
         now[0] = ends_at
         save.on_epoch_end(epoch)
-    # Epoch 0 (the first), then the first epoch ending >= 60 s after each save.
-    assert saved == [0, 3, 6]
+    # The first epoch ending >= 60 s after the start, then >= 60 s after each save.
+    assert saved == [2, 5, 6]
     every, saved = supervise.backup_callbacks(str(tmp_path), every_s=0.0), []
     every[0].save = lambda epoch, logs: saved.append(epoch)
+    every[1].on_train_begin()
     for epoch in range(3):
         every[1].on_epoch_end(epoch)
     assert saved == [0, 1, 2]
@@ -240,7 +242,8 @@ def test_parameter_server_run_resumes_after_the_ps_dies(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "models.train", *TINY, "--strategy", "ps", "--workers", "1",
          "--steps", "24", "--log-every", "4", "--compression", "threelc",
-         "--pull-compression", "threelc", "--timeout", "280", "--out", str(out)],
+         "--pull-compression", "threelc", "--backup-every-s", "0", "--timeout", "280",
+         "--out", str(out)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True)
     try:
