@@ -4,23 +4,31 @@ pushes only and pushes + pulls.
     python benchmarks/cluster_bench.py                       # loopback, 100mbit, 10mbit
     python benchmarks/cluster_bench.py --bandwidths none --steps 20 --rounds 5
     python benchmarks/cluster_bench.py --model convnet42 --bandwidths none   # many tensors
+    python benchmarks/cluster_bench.py --model resnet20 --bandwidths none    # compute-bound
 
 For each bandwidth a fresh `tfgc.cluster.LocalCluster` (1 ps, 2 workers) is started
 in a process of its own (the coordinator's eager context belongs to one cluster);
 "none" is plain loopback, any other value is emulated with tc in network namespaces
 (root and iproute2 only; otherwise that row is skipped with the reason). In each
 cluster the same model is trained with tf_keras `model.fit` under
-ParameterServerStrategy, once per codec, and measured after a warm-up fit. Models, both
+ParameterServerStrategy, once per codec, and measured after a warm-up fit. Models, all
 on scikit-learn's digits: `mlp`, a 301k-parameter MLP with 6 variables (the default);
 `convnet42`, 20 3x3 conv layers of 16 channels and a dense layer, 42 variables, where
-per-tensor costs show. Measured:
+per-tensor costs show; `resnet20`, the CIFAR ResNet-20 of `models.resnet` (65 variables,
+batch normalization) on the digits resized to 32x32x3, where a step's compute dominates.
+"fp32" is the plain tf_keras optimizer, without tfgc. Measured:
 
-* step time: wall time of a measured fit / its steps (steps run on both workers),
-  median over rounds that interleave the codecs (so load changes hit all of them);
+* step time: wall time of a measured fit's second Keras epoch / its steps (steps run on
+  both workers; the first epoch absorbs fit's setup, and fit's teardown, which can take
+  seconds under PSS, comes after), median over rounds that interleave the codecs (so
+  load changes hit all of them);
 * bytes per step per direction, from the kernel's per-socket TCP counters (`ss`):
   push = worker -> ps, pull = ps -> worker, and what the coordinator sent;
 * the payload the optimizer counted per direction (`optimizer.traffic`), and the
   sockets' bytes over it: what the wire costs beyond the codec's own bytes.
+* the compute bound: the model's step alone on one thread without a cluster (a process
+  of its own, plain tf_keras), divided by the workers that can run at once on this
+  machine's cores; no cluster step can be faster.
 
 Ratios (against fp32 at the same bandwidth) are computed from numbers measured in the
 same run. "int8" and "threelc" compress gradient pushes only (pulls are the fp32
@@ -38,8 +46,23 @@ import time
 CODECS = ("fp32", "int8", "threelc", "int8+pull", "threelc+pull")
 
 
+MODELS = ("mlp", "convnet42", "resnet20")
+
+
 def build_model(name, tf_keras):
-    """The benchmark's model `name` ("mlp" or "convnet42") for 64-pixel digits."""
+    """The benchmark's model `name` (one of MODELS) for 64-pixel digits."""
+    if name == "resnet20":
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from models import resnet
+
+        # Digits as 32x32 grayscale, repeated into three channels.
+        images = tf_keras.Sequential([
+            tf_keras.layers.Reshape((8, 8, 1), input_shape=(64,)),
+            tf_keras.layers.Resizing(32, 32),
+            tf_keras.layers.Lambda(
+                lambda x: tf_keras.backend.repeat_elements(x, 3, axis=3)),
+        ])
+        return tf_keras.Sequential([images, resnet.by_name("resnet20", weight_decay=0.0)])
     if name == "mlp":
         return tf_keras.Sequential([
             tf_keras.layers.Dense(512, activation="relu", input_shape=(64,)),
@@ -53,7 +76,7 @@ def build_model(name, tf_keras):
             tf_keras.layers.Reshape((8, 8, 1), input_shape=(64,)), *convs,
             tf_keras.layers.GlobalAveragePooling2D(), tf_keras.layers.Dense(10),
         ])
-    raise ValueError(f"unknown model {name!r}; expected mlp or convnet42")
+    raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
 
 
 def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
@@ -62,21 +85,16 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
     import numpy as np
     import tensorflow as tf
     import tf_keras
-    from sklearn.datasets import load_digits
 
     import tfgc
     from tfgc import cluster
 
-    digits = load_digits()
-    x = (digits.images / 16.0).reshape(-1, 64).astype("float32")
-    y = digits.target.astype("int64")
     rows = {}
     started = time.monotonic()
     with cluster.LocalCluster(num_ps=1, num_workers=2, bandwidth=bandwidth, timeout_s=3000) as c:
         setup_s = time.monotonic() - started
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
-        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0)
-        data = data.repeat().batch(batch)
+        data = _digits(tf, batch)
         models = {}
         for name in CODECS:
             base_name, pulls = name.split("+")[0], name.endswith("+pull")
@@ -102,13 +120,14 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
                           "params": int(sum(np.prod(v.shape) for v in model.trainable_variables))}
         # Rounds interleave the codecs, so a change in machine load hits all of them;
         # the step time reported is the median over rounds.
+        epoch_ends = EpochEnds(tf_keras)
         for _ in range(rounds):
             for name in CODECS:
                 counted0 = _counted(models[name].optimizer)
                 before = c.socket_bytes()
-                start = time.monotonic()
-                history = models[name].fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
-                wall = time.monotonic() - start
+                history = models[name].fit(data, epochs=2, steps_per_epoch=steps, verbose=0,
+                                           callbacks=[epoch_ends])
+                wall = epoch_ends.times[1] - epoch_ends.times[0]
                 after = c.socket_bytes()
 
                 def sent(src, dst):
@@ -117,6 +136,7 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
 
                 row = rows[name]
                 row["step_ms"].append(1000 * wall / steps)
+                # Bytes over both epochs (fit's own setup messages included).
                 row["push"] += sent("worker", "ps")
                 row["pull"] += sent("ps", "worker")
                 row["chief"] += sent("chief", "worker") + sent("chief", "ps")
@@ -128,8 +148,56 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
             row["step_ms_all"] = row["step_ms"]
             row["step_ms"] = float(np.median(row["step_ms"]))
             for key in ("push", "pull", "chief", "push_payload", "pull_payload"):
-                row[key] /= rounds * steps
+                row[key] /= rounds * 2 * steps
     return {"bandwidth": bandwidth or "loopback", "setup_s": setup_s, "rows": rows}
+
+
+def measure_compute(steps, batch, model_name):
+    """Runs in a process of its own: the step time of `model_name` trained alone with
+    plain SGD on one thread, no cluster: the compute one worker's step needs at least."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+    import tf_keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf_keras.utils.set_random_seed(0)
+    model = build_model(model_name, tf_keras)
+    model.compile(tf_keras.optimizers.SGD(0.05),
+                  tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    data = _digits(tf, batch)
+    model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace
+    epoch_ends = EpochEnds(tf_keras)
+    step_ms = []
+    for _ in range(3):
+        model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[epoch_ends])
+        step_ms.append(1000 * (epoch_ends.times[1] - epoch_ends.times[0]) / steps)
+    return {"bandwidth": "compute", "step_ms": sorted(step_ms)[1]}
+
+
+def _digits(tf, batch):
+    """scikit-learn's digits as a shuffled, repeated dataset of (64 floats, label)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.images / 16.0).reshape(-1, 64).astype("float32")
+    y = digits.target.astype("int64")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0)
+    return data.repeat().batch(batch)
+
+
+def EpochEnds(tf_keras):
+    """A callback whose `times` are the monotonic times at which the current fit's
+    epochs ended."""
+
+    class Ends(tf_keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.times = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.times.append(time.monotonic())
+
+    return Ends()
 
 
 def _counted(optimizer):
@@ -160,9 +228,10 @@ def _kb(n):
     return f"{n / 1000:,.1f}"
 
 
-def report(results, steps, batch, rounds):
+def report(results, steps, batch, rounds, compute=None):
     lines = [
-        f"{rounds} rounds x {steps} steps per codec, interleaved, after 4 warm-up steps; "
+        f"{rounds} rounds x 2 x {steps} steps per codec, interleaved, after 4 warm-up steps "
+        f"(step ms: the second {steps}); "
         f"batch {batch} per worker; 1 ps + 2 workers; step ms = median over rounds",
         "",
         "| link | codec | step ms | (rounds) | push KB/step | pull KB/step | push vs fp32 | "
@@ -193,6 +262,21 @@ def report(results, steps, batch, rounds):
         params = fp32["params"]
         lines += ["", f"model: {params:,} parameters in {fp32['variables']} variables "
                       f"({params * 4 / 1000:,.1f} KB as fp32)"]
+    if compute and "error" not in compute:
+        # Two workers share the machine's cores: the cluster cannot step faster than
+        # one step's compute divided by the workers that run at once.
+        parallel = max(1, min(2, os.cpu_count() or 1))
+        bound = compute["step_ms"] / parallel
+        lines += ["", f"compute bound: one step alone on one thread (plain tf_keras, no "
+                      f"cluster) {compute['step_ms']:.1f} ms; 2 workers on "
+                      f"{os.cpu_count()} cores: at best {bound:.1f} ms per cluster step"]
+        for result in results:
+            if "rows" in result:
+                step = result["rows"]["fp32"]["step_ms"]
+                lines.append(f"- {result['bandwidth']}: fp32 steps at {step:.1f} ms, "
+                             f"{bound / step:.0%} of that bound")
+    elif compute:
+        lines += ["", f"compute bound: not measured ({compute['error']})"]
     return "\n".join(lines)
 
 
@@ -210,10 +294,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of `steps` per codec, interleaved (default 3)")
     parser.add_argument("--timeout", type=int, default=1500, help="seconds per bandwidth")
-    parser.add_argument("--model", default="mlp", choices=("mlp", "convnet42"))
+    parser.add_argument("--model", default="mlp", choices=MODELS)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.child == "compute":
+        result = measure_compute(args.steps, args.batch, args.model)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
     if args.child is not None:
         bandwidth = None if args.child == "none" else args.child
         result = measure(bandwidth, args.steps, args.batch, args.rounds, args.model)
@@ -234,7 +322,9 @@ def main(argv=None):
               flush=True)
         results.append(run_one(bandwidth, args.steps, args.batch, args.rounds, args.timeout,
                                args.model))
-    print(report(results, args.steps, args.batch, args.rounds))
+    print("[cluster_bench] measuring one step's compute alone ...", file=sys.stderr, flush=True)
+    compute = run_one("compute", args.steps, args.batch, args.rounds, args.timeout, args.model)
+    print(report(results, args.steps, args.batch, args.rounds, compute))
     return 0 if all("error" not in r or "needs" in r["error"] for r in results) else 1
 
 
