@@ -86,16 +86,33 @@ Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_w
   int64_t above_top = 0, above_middle = 0, above_low = 0;
   const int top_bin = BinOfRank(top.data(), kFiniteTopBins, wanted, &above_top);
 
-  // The nonzero values of that bin, their low 20 bits; every value is written and only
-  // those in the bin are kept (no branch on the data), hence the one spare slot.
+  // The nonzero values of that bin, their low 20 bits (in any order: only histograms
+  // read them); every value looked at is written and only those in the bin are kept (no
+  // branch on the data), hence the one spare slot.
   scratch->resize(static_cast<size_t>(top[top_bin]) + 1);
   uint32_t* candidates = scratch->data();
   int64_t found = 0;
-  for (int64_t j = 0; j < n; ++j) {
+  const auto keep_if_in_bin = [&](int64_t j) {
     const uint32_t p = Pattern(x[j]);
     candidates[found] = p & kBelowTopMask;
     found += ((p >> kTopShift) == static_cast<uint32_t>(top_bin)) & (p != 0);
+  };
+  int64_t j = 0;
+#if defined(__SSE2__)
+  // One bin holds a few percent of the values: test eight at once and look closer only
+  // at groups with one in the bin (the scalar step also drops zeros, which bin 0 holds).
+  const __m128i magnitude = _mm_set1_epi32(0x7FFFFFFF);
+  const __m128i bin = _mm_set1_epi32(top_bin);
+  for (; j + 8 <= n; j += 8) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j + 4));
+    const __m128i a_in = _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(a, magnitude), kTopShift), bin);
+    const __m128i b_in = _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(b, magnitude), kTopShift), bin);
+    if (_mm_movemask_epi8(_mm_or_si128(a_in, b_in)) == 0) continue;
+    for (int k = 0; k < 8; ++k) keep_if_in_bin(j + k);
   }
+#endif
+  for (; j < n; ++j) keep_if_in_bin(j);
   std::array<uint32_t, kLowBins> middle{}, low{};
   for (int64_t j = 0; j < found; ++j) ++middle[candidates[j] >> kLowShift];
   const int64_t middle_rank = wanted - above_top;
