@@ -14,8 +14,9 @@ cluster the same model is trained with tf_keras `model.fit` under
 ParameterServerStrategy, once per codec, and measured after a warm-up fit. Models, all
 on scikit-learn's digits: `mlp`, a 301k-parameter MLP with 6 variables (the default);
 `convnet42`, 20 3x3 conv layers of 16 channels and a dense layer, 42 variables, where
-per-tensor costs show; `resnet20`, the CIFAR ResNet-20 of `models.resnet` (65 variables,
-batch normalization) on the digits resized to 32x32x3, where a step's compute dominates.
+per-tensor costs show; `resnet20`, the CIFAR ResNet-20 of `models.resnet` (59 trainable
+variables, batch normalization) on the digits resized to 32x32x3, where a step's compute
+dominates.
 "fp32" is the plain tf_keras optimizer, without tfgc. Measured:
 
 * step time: wall time of a measured fit's second Keras epoch / its steps (steps run on
@@ -44,13 +45,12 @@ import sys
 import time
 
 CODECS = ("fp32", "int8", "threelc", "int8+pull", "threelc+pull")
-
-
 MODELS = ("mlp", "convnet42", "resnet20")
 
 
 def build_model(name, tf_keras):
-    """The benchmark's model `name` (one of MODELS) for 64-pixel digits."""
+    """The benchmark's model `name` (one of MODELS) for 64-pixel digits; resnet20 ends in
+    a softmax, the others in logits."""
     if name == "resnet20":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from models import resnet
@@ -77,6 +77,10 @@ def build_model(name, tf_keras):
             tf_keras.layers.GlobalAveragePooling2D(), tf_keras.layers.Dense(10),
         ])
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
+
+
+def _loss(tf_keras, model_name):
+    return tf_keras.losses.SparseCategoricalCrossentropy(from_logits=model_name != "resnet20")
 
 
 def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
@@ -110,8 +114,7 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
                         optimizer, compression=make_codec(),
                         pull_compression=make_codec() if pulls else None)
                     optimizer.build(model.trainable_variables)
-                model.compile(
-                    optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                model.compile(optimizer, _loss(tf_keras, model_name))
             model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace, connect
             models[name] = model
             rows[name] = {"step_ms": [], "push": 0, "pull": 0, "chief": 0, "loss": None,
@@ -163,8 +166,7 @@ def measure_compute(steps, batch, model_name):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf_keras.utils.set_random_seed(0)
     model = build_model(model_name, tf_keras)
-    model.compile(tf_keras.optimizers.SGD(0.05),
-                  tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(tf_keras.optimizers.SGD(0.05), _loss(tf_keras, model_name))
     data = _digits(tf, batch)
     model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace
     epoch_ends = EpochEnds(tf_keras)

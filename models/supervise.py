@@ -18,9 +18,9 @@ exactly, so `models.train --strategy ps` runs each attempt in a child process:
 At most `--backup-every-s` seconds of steps plus one Keras epoch are redone per
 restart. Saving is not free: under ParameterServerStrategy TensorFlow traces a new
 save function for every save, which with ResNet-20 on two cores costs ~1 s of the
-coordinator's time; saved every 10-step epoch, that was 15-20% of fp32's step time. Per-worker state that lives
-only on the workers (error-feedback residuals, pull caches) starts over from zeros, as
-when a worker restarts. History rows of earlier attempts are kept; socket counters
+coordinator's time; saved every 10-step epoch, that was 15-20% of fp32's step time.
+Per-worker state that lives only on the workers (error-feedback residuals, pull caches)
+starts over from zeros, as when a worker restarts. History rows of earlier attempts are kept; socket counters
 and step times cover the last attempt only.
 """
 import os

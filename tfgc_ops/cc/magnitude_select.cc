@@ -106,8 +106,10 @@ Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_w
   for (; j + 8 <= n; j += 8) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j + 4));
-    const __m128i a_in = _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(a, magnitude), kTopShift), bin);
-    const __m128i b_in = _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(b, magnitude), kTopShift), bin);
+    const __m128i a_in =
+        _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(a, magnitude), kTopShift), bin);
+    const __m128i b_in =
+        _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(b, magnitude), kTopShift), bin);
     if (_mm_movemask_epi8(_mm_or_si128(a_in, b_in)) == 0) continue;
     for (int k = 0; k < 8; ++k) keep_if_in_bin(j + k);
   }
