@@ -233,7 +233,8 @@ def test_bitmap_expand_refuses_sizes_that_disagree():
                                   [1, 0, 2, 0, 0, 0, 0, 0, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="selects 2 values"):
         tfgc_ops.bitmap_expand(bitmap[:1], values, 8)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="takes 1 bytes"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="2 bytes do not hold exactly 7 codes of 1 bits"):
         tfgc_ops.bitmap_expand(bitmap, values[:2], 7)
     with pytest.raises(tf.errors.InvalidArgumentError, match="selects 3 values"):
         tfgc_ops.bitmap_expand(bitmap, values[:2], 9)
@@ -242,6 +243,8 @@ def test_bitmap_expand_refuses_sizes_that_disagree():
                                   [1, 0, 2, 0, 0, 0, 0, 0, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="bytes"):
         tfgc_ops.bitmap_expand(bitmap, values, -1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bytes"):  # n + 7 overflows
+        tfgc_ops.bitmap_expand(bitmap, values, 2**63 - 1)
 
 
 def test_magnitude_select_checks_its_inputs():

@@ -128,10 +128,8 @@ class BitmapExpandOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckVector(values, "bitmap_expand"));
     OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(2), "bitmap_expand", "n"));
     const int64_t n = ctx->input(2).scalar<int64_t>()();
-    OP_REQUIRES(ctx, n >= 0 && bitmap.NumElements() == (n + 7) / 8,
-                errors::InvalidArgument("bitmap_expand: a bitmap of ", n, " bits takes ",
-                                        n >= 0 ? (n + 7) / 8 : 0, " bytes, got ",
-                                        bitmap.NumElements()));
+    // Checked without overflow: n comes from the payload.
+    OP_REQUIRES_OK(ctx, CheckPackedCount(bitmap.NumElements(), n, 1, "bitmap_expand"));
     const uint8_t* bits = bitmap.flat<uint8>().data();
     const int64_t selected = ms::CountSelected(bits, n);
     OP_REQUIRES(ctx, selected == values.NumElements(),
