@@ -1,6 +1,6 @@
 """The quantizers' one-pass ops against the numpy reference, and their input checks:
-stochastic rounding (QSGD's codes, 3LC's stochastic 3-values), LogQuant's decoder and
-OneBit's sign bits."""
+stochastic rounding (QSGD's codes, 3LC's stochastic 3-values), LogQuant's encoder and
+decoder, and OneBit's sign bits."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -102,7 +102,100 @@ def test_ops_refuse_bad_input():
         tfgc_ops.stochastic_ternary_fold(x, [1.0, 2.0], SEED)
 
 
-# --- LogQuant's decoder (log_levels_decode) ------------------------------------------------
+# --- LogQuant's encoder and decoder (log_levels_encode, log_levels_decode) -----------------
+
+
+def log_levels_encode(x, bits, largest=None):
+    """The op's (codes, decoded values, scale), with the largest magnitude from
+    `largest_magnitude` unless given."""
+    if largest is None:
+        largest = tfgc_ops.largest_magnitude(x)
+    packed, decoded, scale = tfgc_ops.log_levels_encode(x, largest, bits)
+    codes = tfgc_ops.unpack_bits(packed, bits, np.size(x)).numpy()
+    np.testing.assert_array_equal(packed.numpy(), ref.pack_bits(codes, bits))  # zero padding
+    decoded = decoded.numpy()
+    np.testing.assert_array_equal(  # the receiver's decoding, bit for bit (signed zeros too)
+        decoded.view(np.int32),
+        tfgc_ops.log_levels_decode(packed, scale, np.size(x), bits).numpy().view(np.int32))
+    return codes, decoded, float(scale)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_log_levels_encode_matches_the_reference(rng, size, bits):
+    x = values(rng, size)
+    if size > 8:  # zeros of both signs, and a value to every side of sqrt(2)'s rounding line
+        x[:6] = [0.0, -0.0, np.sqrt(2) * 1e-3, -np.sqrt(2) * 1e-3, 0.0, 0.0]
+        x[4:6] = np.nextafter(x[2], [np.float32(0), np.float32(1)])
+    codes, _, scale = log_levels_encode(x, bits)
+    expected, full_scale = ref.log_levels_codes(x, bits)
+    np.testing.assert_array_equal(codes, expected)
+    assert scale == 2.0 ** full_scale
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_log_levels_encode_rounds_log2_exactly(bits):
+    # Every float32 significand from 1.4142 to 1.4143 around 2^e, both signs, and exact
+    # powers of two: round(log2 |x|) switches at sqrt(2), where float32 logarithms err.
+    significands = np.arange(np.float32(1.41420), np.float32(1.41430), np.float32(2 ** -23))
+    powers = np.float32(2.0) ** np.arange(-6, 1, dtype=np.float32)
+    x = np.concatenate([significands * np.float32(0.25), -significands * np.float32(0.125),
+                        powers, -powers]).astype(np.float32)
+    codes, _, scale = log_levels_encode(x, bits)
+    expected, full_scale = ref.log_levels_codes(x, bits)
+    np.testing.assert_array_equal(codes, expected)
+    assert full_scale == 0 and scale == 1.0  # max|x| = 1 = 2^0 exactly
+    near = np.abs(x[:significands.size]) * 4  # in [1.41420, 1.41430): level 2 or 3 below 1
+    rounds_up = near.astype(np.float64) > np.sqrt(2.0)
+    level = codes[:significands.size] & ((1 << (bits - 1)) - 1)
+    np.testing.assert_array_equal(level, np.where(rounds_up, 2, 3) if bits > 2 else 0)
+
+
+def test_log_levels_encode_full_scale_and_window_edges():
+    for largest, full_scale in ((1.0, 0), (1.0000001, 1), (0.75, 0), (0.5, -1), (3e38, 128),
+                                (2.0**-126, -126), (2.0**-149, -149), (3 * 2.0**-149, -147)):
+        x = np.array([largest, -largest], np.float32)
+        codes, decoded, scale = log_levels_encode(x, 4, largest=np.float32(largest))
+        assert ref.log_levels_codes(x, 4)[1] == full_scale, largest
+        assert scale == np.float32(2.0) ** full_scale if full_scale < 128 else np.isinf(scale)
+    # Levels 1..7 of 4 bits: 2^0 .. 2^-6; 2^-7 rounds in, 2^-7.6 rounds out.
+    x = np.float32(2.0) ** np.array([0, -1, -6, -6.4, -6.6, -7], np.float32)
+    codes, decoded, _ = log_levels_encode(x, 4)
+    assert codes.tolist() == [1, 2, 7, 7, 0, 0]
+    np.testing.assert_array_equal(decoded, [1.0, 0.5, 2.0**-6, 2.0**-6, 0.0, 0.0])
+
+
+def test_log_levels_encode_subnormals_and_non_finite_values():
+    # Subnormals get their exact levels (TensorFlow's kernels read floats with
+    # denormals-are-zero; the op works on the bits), given a largest magnitude.
+    tiny = np.array([2.0**-149, -3 * 2.0**-149, 2.0**-140, 2.0**-127, 0.0], np.float32)
+    codes, _, _ = log_levels_encode(tiny, 8, largest=np.float32(2.0**-120))
+    expected, _ = ref.log_levels_codes(tiny, 8, largest=2.0**-120)
+    np.testing.assert_array_equal(codes, expected)
+    assert codes.tolist() == [30, 128 | 28, 21, 8, 0]
+    # A value that is not finite: NaN scale (so NaN decoded everywhere), fsr 0, level 0
+    # for Inf and NaN, each with its own sign bit.
+    x = np.array([1.0, -np.inf, np.nan, -2.0, -np.nan, -0.0], np.float32)
+    codes, decoded, scale = log_levels_encode(x, 4)
+    assert np.isnan(scale) and np.isnan(decoded).all()
+    assert codes.tolist() == [1, 8, 0, 8, 8, 8] == ref.log_levels_codes(x, 4)[0].tolist()
+
+
+def test_log_levels_encode_refuses_bad_input():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bits must be in"):
+        tfgc_ops.log_levels_encode(np.ones(4, np.float32), 1.0, 9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="log_levels_encode.*1-D"):
+        tfgc_ops.log_levels_encode(np.ones([2, 2], np.float32), 1.0, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="largest must be a scalar"):
+        tfgc_ops.log_levels_encode(np.ones(4, np.float32), [1.0, 2.0], 4)
+
+
+def test_log_levels_encode_blocks_write_their_own_bytes(rng):
+    # 600,001 values: three blocks of the op, encoded in parallel, each packing up to its
+    # last byte (5 bits: blocks end on byte boundaries) and the short last group.
+    x = values(rng, 600_001)
+    codes, _, _ = log_levels_encode(x, 5)
+    np.testing.assert_array_equal(codes, ref.log_levels_codes(x, 5)[0])
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -111,9 +204,10 @@ def test_log_levels_decode_matches_the_reference(rng, size, bits):
     codes = rng.integers(0, 1 << bits, size).astype(np.int32)
     packed = ref.pack_bits(codes, bits)
     # Scales whose every power is a normal float (TensorFlow flushes subnormals to 0).
-    for scale in (1.0, 1.5, 2.0**100, 3e38, float("nan"), float("inf"), 0.0):
+    for scale in (1.0, 1.5, 2.0**100, 3e38, float("nan"), float("inf"), 0.0, -2.0):
         decoded = tfgc_ops.log_levels_decode(packed, scale, size, bits).numpy()
-        np.testing.assert_array_equal(decoded, ref.log_levels_values(codes, scale, bits))
+        np.testing.assert_array_equal(  # bit for bit: signed zeros, NaN's sign
+            decoded.view(np.int32), ref.log_levels_values(codes, scale, bits).view(np.int32))
 
 
 def test_log_levels_decode_checks_sizes_before_allocating():

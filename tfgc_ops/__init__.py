@@ -23,7 +23,7 @@ __all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "magnitu
            "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
            "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
            "unpack_bits", "value_range", "uniform_quantize", "qsgd_norms", "qsgd_encode", "qsgd_decode",
-           "stochastic_ternary_fold", "log_levels_decode", "library_path"]
+           "stochastic_ternary_fold", "log_levels_encode", "log_levels_decode", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
@@ -328,6 +328,27 @@ def stochastic_ternary_fold(x, scale, seed):
     return _ops.tfgc_stochastic_ternary_fold(tf.convert_to_tensor(x, tf.float32),
                                              tf.convert_to_tensor(scale, tf.float32),
                                              tf.cast(seed, tf.int64))
+
+
+def log_levels_encode(x, largest, bits):
+    """LogQuant's sign-level codes of 1-D float32 `x`, packed `bits` bits each, in one pass.
+
+    With fsr = ceil(log2 largest) (0 unless `largest` > 0), x_i gets level
+    m = fsr - round(log2 |x_i|) + 1 where 1 <= m <= 2^(bits - 1) - 1, else 0 (also for 0,
+    Inf and NaN), and x_i's sign bit on top; both roundings are exact, no logarithm is
+    computed (`reference.log_levels_codes`).
+
+    Args:
+      x: 1-D float32.
+      largest: max |x_i|, NaN when some x_i is not finite (`largest_magnitude(x)`).
+      bits: 2..8.
+
+    Returns:
+      (packed uint8 codes, the float32 values `log_levels_decode` gives for them, scale):
+      scale is 2^fsr, or NaN when `largest` is not finite.
+    """
+    return _ops.tfgc_log_levels_encode(tf.convert_to_tensor(x, tf.float32),
+                                       tf.convert_to_tensor(largest, tf.float32), bits=int(bits))
 
 
 def log_levels_decode(packed, scale, n, bits):

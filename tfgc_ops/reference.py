@@ -404,6 +404,30 @@ def stochastic_ternary(x, scale, seed):
     return np.where(keep, np.sign(x), 0).astype(np.int8)
 
 
+def log_levels_codes(x, bits, largest=None):
+    """LogQuant's (int32 sign-level codes, full-scale exponent fsr) of float32 `x`, as
+    `tfgc_ops.log_levels_encode(x, largest, bits)` computes them: fsr is the least k with
+    2^k >= largest (0 unless largest > 0 and finite), round(log2 |x|) is exact (the
+    significand against sqrt(1/2) in float64), the sign bit is x's own (np.signbit).
+    `largest` defaults to max|x|, NaN when a value is not finite (as `largest_magnitude`)."""
+    x = np.asarray(x, np.float32).ravel()
+    magnitude = np.abs(x).astype(np.float64)
+    finite = np.isfinite(x)
+    if largest is None:
+        largest = magnitude.max() if finite.all() and x.size else (np.nan if x.size else 0.0)
+    largest = float(np.float32(largest))
+    full_scale = 0
+    if np.isfinite(largest) and largest > 0:
+        significand, exponent = np.frexp(largest)
+        full_scale = int(exponent) - 1 if significand == 0.5 else int(exponent)
+    significand, exponent = np.frexp(np.where(finite, magnitude, 0.0))
+    rounded = np.where(significand >= np.sqrt(0.5), exponent, exponent - 1)
+    level = full_scale - rounded + 1
+    levels = 2 ** (bits - 1) - 1
+    level = np.where(finite & (magnitude > 0) & (level >= 1) & (level <= levels), level, 0)
+    return (level | np.signbit(x).astype(np.int64) << (bits - 1)).astype(np.int32), full_scale
+
+
 def log_levels_values(codes, scale, bits):
     """LogQuant's float32 values of sign-level `codes` (see `tfgc_ops.log_levels_decode`)."""
     codes = np.asarray(codes, np.int32)

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include "pack_eight.h"
+
 namespace tfgc {
 namespace uniform_quantize {
 namespace {
@@ -41,29 +43,6 @@ inline __m128i Codes(__m128 x, __m128 low, __m128 divisor, __m128 levels) {
   q = _mm_min_ps(_mm_max_ps(q, _mm_setzero_ps()), levels);
   const __m128 magic = _mm_set1_ps(kRoundingMagic);
   return _mm_cvttps_epi32(_mm_sub_ps(_mm_add_ps(q, magic), magic));
-}
-
-// Packs eight codes of `bits` bits into out[0, bytes) (bytes <= bits), the first code in
-// the most significant bits. With `spill`, out[bytes, 8) may be overwritten too (the
-// caller writes them next): one 8-byte store instead of one per byte.
-inline void PackEight(__m128i first, __m128i second, int bits, int bytes, bool spill,
-                      uint8_t* out) {
-  if (bits == 8 && bytes == 8) {
-    const __m128i words = _mm_packs_epi32(first, second);  // codes <= 255: no saturation
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(words, words));
-    return;
-  }
-  alignas(16) int32_t codes[8];
-  _mm_store_si128(reinterpret_cast<__m128i*>(codes), first);
-  _mm_store_si128(reinterpret_cast<__m128i*>(codes + 4), second);
-  uint64_t group = 0;  // the 8 * bits bits, right-aligned; independent shifts, no chain
-  for (int k = 0; k < 8; ++k) group |= static_cast<uint64_t>(codes[k]) << (bits * (7 - k));
-  if (spill) {
-    const uint64_t big_endian = __builtin_bswap64(group << (64 - 8 * bits));
-    std::memcpy(out, &big_endian, sizeof big_endian);
-    return;
-  }
-  for (int m = 0; m < bytes; ++m) out[m] = static_cast<uint8_t>(group >> (8 * (bits - 1 - m)));
 }
 
 inline void Reconstruct(__m128i codes, __m128 low, __m128 step, float* out) {
@@ -123,7 +102,7 @@ void Quantize(const float* x, int64_t begin, int64_t end, float low, float step,
     const __m128i first = Codes(_mm_loadu_ps(x + i), low4, divisor, levels);
     const __m128i second = Codes(_mm_loadu_ps(x + i + 4), low4, divisor, levels);
     const int64_t offset = i / 8 * bits;
-    PackEight(first, second, bits, bits, offset + 8 <= bytes_end, packed + offset);
+    bit_packing::PackEight(first, second, bits, bits, offset + 8 <= bytes_end, packed + offset);
     if (reconstructed != nullptr) {
       Reconstruct(first, low4, step4, reconstructed + i);
       Reconstruct(second, low4, step4, reconstructed + i + 4);
@@ -136,7 +115,7 @@ void Quantize(const float* x, int64_t begin, int64_t end, float low, float step,
   for (int k = 0; k < 8; ++k) last[k] = k < width ? x[i + k] : std::nanf("");
   const __m128i first = Codes(_mm_load_ps(last), low4, divisor, levels);
   const __m128i second = Codes(_mm_load_ps(last + 4), low4, divisor, levels);
-  PackEight(first, second, bits, (width * bits + 7) / 8, false, packed + i / 8 * bits);
+  bit_packing::PackEight(first, second, bits, (width * bits + 7) / 8, false, packed + i / 8 * bits);
   if (reconstructed != nullptr) {
     alignas(16) float values[8];
     Reconstruct(first, low4, step4, values);
