@@ -45,6 +45,39 @@ inline uint32_t Start(const Model& m, uint8_t b) {
   return m.start[k] + kTables.rank_of[b] * m.freq[k];
 }
 
+// How the encoder codes one byte under a model: x -> (x / f) * 2^16 + x % f + start
+// = x + start + q * (2^16 - f) with q = x / f, where q comes from a multiply by a
+// reciprocal instead of a division (which took most of the encoder's time): with
+// s = ceil(log2 f) and r = ceil(2^(31 + s) / f) < 2^32, q = (x * r) >> (31 + s) exactly
+// for every x < 2^31, which the renormalisation guarantees (x < 2^15 f). f = 1 has no
+// such r: r = 2^32 - 1 and shift 0 give q = x - 1, and the bias adds the missing
+// 2^16 - 1.
+struct EncodeSymbol {
+  uint32_t x_max;       // renormalise while x >= x_max = 2^15 f
+  uint32_t reciprocal;  // r
+  uint32_t bias;        // start (+ 2^16 - 1 for f = 1)
+  uint32_t complement;  // 2^16 - f
+  uint32_t shift;       // s - 1 (applied after the high 32 bits of x * r)
+};
+
+EncodeSymbol EncodeSymbolFor(uint32_t freq, uint32_t start) {
+  EncodeSymbol e;
+  e.x_max = ((kLowerBound >> kProbBits) << 8) * freq;
+  e.complement = kProbScale - freq;
+  if (freq == 1) {
+    e.reciprocal = ~0u;
+    e.shift = 0;
+    e.bias = start + kProbScale - 1;
+  } else {
+    uint32_t s = 0;
+    while ((1u << s) < freq) ++s;
+    e.reciprocal = static_cast<uint32_t>(((uint64_t{1} << (31 + s)) + freq - 1) / freq);
+    e.shift = s - 1;
+    e.bias = start;
+  }
+  return e;
+}
+
 }  // namespace
 
 int NonzeroCount(uint8_t b) { return kTables.class_of[b]; }
@@ -122,15 +155,19 @@ int64_t Encode(const uint8_t* in, const int64_t* group_sizes, int64_t num_groups
     offset -= group_sizes[g];
     if (qs[g] == 0) continue;
     const Model m = ModelFor(qs[g]);
+    EncodeSymbol symbols[kSymbols];
+    for (int b = 0; b < kSymbols; ++b) {
+      symbols[b] = EncodeSymbolFor(m.freq[kTables.class_of[b]], Start(m, static_cast<uint8_t>(b)));
+    }
     for (int64_t i = offset + group_sizes[g] - 1; i >= offset; --i) {
-      const uint8_t b = in[i];
-      const uint32_t f = m.freq[kTables.class_of[b]];
-      const uint32_t x_max = ((kLowerBound >> kProbBits) << 8) * f;
-      while (x >= x_max) {
+      const EncodeSymbol& e = symbols[in[i]];
+      while (x >= e.x_max) {
         *--p = static_cast<uint8_t>(x);
         x >>= 8;
       }
-      x = ((x / f) << kProbBits) + (x % f) + Start(m, b);
+      const uint32_t q =
+          static_cast<uint32_t>((static_cast<uint64_t>(x) * e.reciprocal) >> 32) >> e.shift;
+      x += e.bias + q * e.complement;
     }
   }
   p -= kStateBytes;
