@@ -333,7 +333,7 @@ def stochastic_ternary_fold(x, scale, seed):
 def log_levels_encode(x, largest, bits):
     """LogQuant's sign-level codes of 1-D float32 `x`, packed `bits` bits each, in one pass.
 
-    With fsr = ceil(log2 largest) (0 unless `largest` > 0), x_i gets level
+    With fsr = ceil(log2 largest) (0 unless `largest` is positive and finite), x_i gets level
     m = fsr - round(log2 |x_i|) + 1 where 1 <= m <= 2^(bits - 1) - 1, else 0 (also for 0,
     Inf and NaN), and x_i's sign bit on top; both roundings are exact, no logarithm is
     computed (`reference.log_levels_codes`).

@@ -1,5 +1,5 @@
 """Packing of small unsigned codes (1..8 bits each) into bytes, most significant first
-(the C++ op `tfgc_ops.pack_bits`), and the sign-magnitude codes the quantizers send.
+(the C++ op `tfgc_ops.pack_bits`).
 
 `bits` may be a Python int or an int32 tensor (e.g. a tf.Variable an agent changes
 between steps): the graph does not depend on its value, so changing it never retraces.
@@ -12,12 +12,6 @@ import tfgc_ops
 def packed_size(n, bits):
     """Bytes that n codes of `bits` bits take."""
     return (tf.cast(n, tf.int64) * tf.cast(bits, tf.int64) + 7) // 8
-
-
-def join_sign(negative, level, bits):
-    """Sign-magnitude codes: the sign in the top bit of `bits`, a level below it."""
-    sign = tf.bitwise.left_shift(tf.cast(negative, tf.int32), bits - 1)
-    return sign | tf.cast(level, tf.int32)
 
 
 def pack_bits(codes, bits):

@@ -24,7 +24,6 @@ class LogQuant(base.ReconstructingCodec):
     def __init__(self, bits=4):
         quantize.check_bits(bits)
         self.bits = int(bits)
-        self.levels = 2 ** (self.bits - 1) - 1
 
     def get_config(self):
         return {"bits": self.bits}

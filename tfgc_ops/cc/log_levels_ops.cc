@@ -37,10 +37,10 @@ REGISTER_OP("Tfgc>LogLevelsEncode")
     .Output("scale: float")
     .SetShapeFn(LogLevelsEncodeShape)
     .Doc(R"doc(
-LogQuant's encoding in one pass. With fsr = ceil(log2 largest) (0 unless largest > 0),
-x_i gets level m = fsr - round(log2 |x_i|) + 1 when 1 <= m <= 2^(bits - 1) - 1, else 0
-(also for 0, Inf and NaN); its code is m with
-x_i's sign bit on top.
+LogQuant's encoding in one pass. With fsr = ceil(log2 largest) (0 unless largest is
+positive and finite), x_i gets level m = fsr - round(log2 |x_i|) + 1 when
+1 <= m <= 2^(bits - 1) - 1, else 0 (also for 0, Inf and NaN); its code is m with x_i's
+sign bit on top.
 
 largest: max |x_i|, or NaN when some x_i is not finite (largest_magnitude).
 packed: the codes, most significant bit first, in ceil(n * bits / 8) bytes.
