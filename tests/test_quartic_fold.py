@@ -28,8 +28,12 @@ def test_fold_and_unfold_match_the_reference(rng, n, sparsity):
 
 def test_fold_rounds_half_to_even_and_clamps():
     x = np.array([0.5, -0.5, 1.5, -1.5, 0.49999997, 2.6, -9.0], np.float32)
+    q = [0, 0, 1, -1, 0, 1, -1]
     folded = tfgc_ops.quartic_fold(x, 1.0).numpy()
-    np.testing.assert_array_equal(folded, reference.quartic_encode([0, 0, 1, -1, 0, 1, -1]))
+    np.testing.assert_array_equal(folded, reference.quartic_encode(q))
+    # 203 values (41 bytes): the first 32 bytes go through the SSE2 loop, the rest scalar.
+    folded = tfgc_ops.quartic_fold(np.resize(x, 203), 1.0).numpy()
+    np.testing.assert_array_equal(folded, reference.quartic_encode(np.resize(q, 203)))
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, np.nan])

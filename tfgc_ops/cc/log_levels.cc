@@ -130,6 +130,15 @@ float PowerOfTwo(int32_t level) {
   return value;
 }
 
+// `value` with its sign bit cleared when `clear`, branch-free.
+float ClearSignIf(float value, bool clear) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits &= ~(static_cast<uint32_t>(clear) << 31);
+  std::memcpy(&value, &bits, sizeof(bits));
+  return value;
+}
+
 // `magnitude` with its sign bit flipped when `negative` (so -0.0 for a negative zero),
 // branch-free: signs are coin flips.
 float Signed(float magnitude, bool negative) {
@@ -195,9 +204,11 @@ void Decode(const uint8_t* packed, int64_t n, int bits, float scale, int64_t beg
     for (int64_t j = start; j < stop; ++j) {
       const int32_t code = codes[j - start];
       const int32_t level = code & (sign_bit - 1);
-      // Level 0 is +0 before the sign, also for a (malformed) negative scale.
-      const float magnitude = finite ? (level > 0 ? scale * PowerOfTwo(level) : 0.0f) : scale;
-      out[j] = Signed(magnitude, (code & sign_bit) != 0);
+      // Level 0 is +0 before the sign, also for a (malformed) negative scale: the sign
+      // bit of the product scale * 0 is cleared with integer operations (a select here
+      // keeps the loop from vectorizing, 3-4x slower).
+      const float product = ClearSignIf(scale * PowerOfTwo(level), level == 0);
+      out[j] = Signed(finite ? product : scale, (code & sign_bit) != 0);
     }
   }
 }

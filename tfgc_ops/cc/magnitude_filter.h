@@ -28,6 +28,13 @@ template <typename T>
 void AppendCandidates(const T* v, int64_t begin, int64_t end, double floor,
                       std::vector<int64_t>* positions);
 
+// float input runs SSE2 loops with the same sums and candidates.
+template <>
+MagnitudeSum SumMagnitudes<float>(const float* v, int64_t begin, int64_t end);
+template <>
+void AppendCandidates<float>(const float* v, int64_t begin, int64_t end, double floor,
+                             std::vector<int64_t>* positions);
+
 }  // namespace magnitude_filter
 }  // namespace tfgc
 

@@ -78,7 +78,30 @@ void Fold(const float* x, int64_t n, float scale, int64_t begin, int64_t end, ui
   const float *x0 = x, *x1 = x + g, *x2 = x + 2 * g, *x3 = x + 3 * g, *x4 = x + 4 * g;
   // Bytes below `full` have all five values; the others take the pad's 3-value 0.
   const int64_t full = std::clamp<int64_t>(n - 4 * g, begin, end);
-  for (int64_t i = begin; i < full; ++i) {
+  int64_t i = begin;
+#if defined(__SSE2__)
+  // Sixteen bytes at a time, with the same float operations as Digit (gcc does not
+  // vectorize the scalar loop: the clamps are branches for it).
+  const __m128 scale4 = _mm_set1_ps(scale), magic = _mm_set1_ps(12582912.0f);
+  const __m128 one = _mm_set1_ps(1.0f), minus_one = _mm_set1_ps(-1.0f);
+  auto digits = [=](const float* from) {
+    const __m128 q = _mm_sub_ps(_mm_add_ps(_mm_div_ps(_mm_loadu_ps(from), scale4), magic), magic);
+    return _mm_add_ps(_mm_min_ps(_mm_max_ps(q, minus_one), one), one);
+  };
+  auto four_bytes = [&](int64_t at) {
+    __m128 byte = _mm_mul_ps(digits(x0 + at), _mm_set1_ps(81.0f));
+    byte = _mm_add_ps(byte, _mm_mul_ps(digits(x1 + at), _mm_set1_ps(27.0f)));
+    byte = _mm_add_ps(byte, _mm_mul_ps(digits(x2 + at), _mm_set1_ps(9.0f)));
+    byte = _mm_add_ps(byte, _mm_mul_ps(digits(x3 + at), _mm_set1_ps(3.0f)));
+    return _mm_cvttps_epi32(_mm_add_ps(byte, digits(x4 + at)));  // 0..242
+  };
+  for (; i + 16 <= full; i += 16) {
+    const __m128i low = _mm_packs_epi32(four_bytes(i), four_bytes(i + 4));
+    const __m128i high = _mm_packs_epi32(four_bytes(i + 8), four_bytes(i + 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(low, high));
+  }
+#endif
+  for (; i < full; ++i) {
     const float byte = Digit(x0[i], scale) * 81 + Digit(x1[i], scale) * 27 +
                        Digit(x2[i], scale) * 9 + Digit(x3[i], scale) * 3 + Digit(x4[i], scale);
     out[i] = static_cast<uint8_t>(static_cast<int>(byte));

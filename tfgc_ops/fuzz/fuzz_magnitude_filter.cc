@@ -4,10 +4,12 @@
 // factor as a double; the rest, read 4 or 8 bytes at a time, are the values (any bit
 // pattern: NaN, Inf, -0.0, subnormals).
 //
-// Checks: by blocks (the sums added in block order, as the op adds them), the sum is
-// finite exactly when every value is, and then equals a naive double sum of |v| to 1e-9
-// of itself (both infinite where float64 magnitudes overflow the double sum); the candidates, appended block after block, are exactly the ascending
-// positions a naive scan finds for the floor that sum * factor gives.
+// Checks: each block's sum is exactly that of four partial sums by position mod 4; by
+// blocks (the sums added in block order, as the op adds them), the sum is finite exactly
+// when every value is, and then equals a naive double sum of |v| to 1e-9 of itself (both
+// infinite where float64 magnitudes overflow the double sum); the candidates, appended
+// block after block, are exactly the ascending positions a naive scan finds for the
+// floor that sum * factor gives.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +37,14 @@ void CheckFilter(const uint8_t* data, size_t size, int parts, double factor) {
     const mf::MagnitudeSum part = mf::SumMagnitudes(v.data(), cuts[p], cuts[p + 1]);
     sum += part.sum;
     finite &= part.finite;
+    // Bit for bit: partial sums by position mod 4, each in increasing position, then
+    // (0 + 1) + (2 + 3), whatever the loops that compute them.
+    double partial[4] = {0, 0, 0, 0};
+    for (int64_t i = cuts[p]; i < cuts[p + 1]; ++i) {
+      const double magnitude = std::fabs(static_cast<double>(v[i]));
+      if (std::isfinite(magnitude)) partial[i & 3] += magnitude;
+    }
+    Check(part.sum == (partial[0] + partial[1]) + (partial[2] + partial[3]), "sum order");
   }
   double naive = 0.0;
   bool naive_finite = true;
