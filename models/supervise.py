@@ -20,8 +20,8 @@ restart. Saving is not free: under ParameterServerStrategy TensorFlow traces a n
 save function for every save, which with ResNet-20 on two cores costs ~1 s of the
 coordinator's time; saved every 10-step epoch, that was 15-20% of fp32's step time.
 Per-worker state that lives only on the workers (error-feedback residuals, pull caches)
-starts over from zeros, as when a worker restarts. History rows of earlier attempts are kept; socket counters
-and step times cover the last attempt only.
+starts over from zeros, as when a worker restarts. History rows of earlier attempts are
+kept; socket counters and step times cover the last attempt only.
 """
 import os
 import shutil

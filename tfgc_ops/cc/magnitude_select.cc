@@ -120,24 +120,24 @@ Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_w
     candidates[found] = p & kBelowTopMask;
     found += ((p >> kTopShift) == static_cast<uint32_t>(top_bin)) & (p != 0);
   };
-  int64_t j = 0;
+  int64_t next = 0;
 #if defined(__SSE2__)
   // One bin holds a few percent of the values: test eight at once and look closer only
   // at groups with one in the bin (the scalar step also drops zeros, which bin 0 holds).
   const __m128i magnitude = _mm_set1_epi32(0x7FFFFFFF);
   const __m128i bin = _mm_set1_epi32(top_bin);
-  for (; j + 8 <= n; j += 8) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j + 4));
+  for (; next + 8 <= n; next += 8) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + next));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + next + 4));
     const __m128i a_in =
         _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(a, magnitude), kTopShift), bin);
     const __m128i b_in =
         _mm_cmpeq_epi32(_mm_srli_epi32(_mm_and_si128(b, magnitude), kTopShift), bin);
     if (_mm_movemask_epi8(_mm_or_si128(a_in, b_in)) == 0) continue;
-    for (int k = 0; k < 8; ++k) keep_if_in_bin(j + k);
+    for (int k = 0; k < 8; ++k) keep_if_in_bin(next + k);
   }
 #endif
-  for (; j < n; ++j) keep_if_in_bin(j);
+  for (; next < n; ++next) keep_if_in_bin(next);
   std::array<uint32_t, kLowBins> middle{}, low{};
   for (int64_t j = 0; j < found; ++j) ++middle[candidates[j] >> kLowShift];
   const int64_t middle_rank = wanted - above_top;

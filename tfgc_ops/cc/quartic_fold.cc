@@ -15,10 +15,8 @@ namespace {
 
 // x + 1.5 * 2^23 - 1.5 * 2^23 rounds |x| < 2^22 to the nearest integer, ties to even,
 // under the default rounding mode; unlike rintf it vectorizes without SSE4.1.
-inline float RoundHalfEven(float v) {
-  constexpr float kMagic = 12582912.0f;
-  return (v + kMagic) - kMagic;
-}
+constexpr float kRoundingMagic = 12582912.0f;
+inline float RoundHalfEven(float v) { return (v + kRoundingMagic) - kRoundingMagic; }
 
 // q + 1 in {0, 1, 2} for the 3-value of x / scale (clamped, so that no input can make a
 // byte above 242).
@@ -82,7 +80,7 @@ void Fold(const float* x, int64_t n, float scale, int64_t begin, int64_t end, ui
 #if defined(__SSE2__)
   // Sixteen bytes at a time, with the same float operations as Digit (gcc does not
   // vectorize the scalar loop: the clamps are branches for it).
-  const __m128 scale4 = _mm_set1_ps(scale), magic = _mm_set1_ps(12582912.0f);
+  const __m128 scale4 = _mm_set1_ps(scale), magic = _mm_set1_ps(kRoundingMagic);
   const __m128 one = _mm_set1_ps(1.0f), minus_one = _mm_set1_ps(-1.0f);
   auto digits = [=](const float* from) {
     const __m128 q = _mm_sub_ps(_mm_add_ps(_mm_div_ps(_mm_loadu_ps(from), scale4), magic), magic);

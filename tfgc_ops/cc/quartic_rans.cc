@@ -60,20 +60,21 @@ struct EncodeSymbol {
   uint32_t shift;       // s - 1 (applied after the high 32 bits of x * r)
 };
 
-EncodeSymbol EncodeSymbolFor(uint32_t freq, uint32_t start) {
+// The entry for a symbol of frequency `freq` and start 0 (the caller adds its start).
+EncodeSymbol EncodeSymbolFor(uint32_t freq) {
   EncodeSymbol e;
   e.x_max = ((kLowerBound >> kProbBits) << 8) * freq;
   e.complement = kProbScale - freq;
   if (freq == 1) {
     e.reciprocal = ~0u;
     e.shift = 0;
-    e.bias = start + kProbScale - 1;
+    e.bias = kProbScale - 1;
   } else {
     uint32_t s = 0;
     while ((1u << s) < freq) ++s;
     e.reciprocal = static_cast<uint32_t>(((uint64_t{1} << (31 + s)) + freq - 1) / freq);
     e.shift = s - 1;
-    e.bias = start;
+    e.bias = 0;
   }
   return e;
 }
@@ -155,9 +156,14 @@ int64_t Encode(const uint8_t* in, const int64_t* group_sizes, int64_t num_groups
     offset -= group_sizes[g];
     if (qs[g] == 0) continue;
     const Model m = ModelFor(qs[g]);
+    // The reciprocal depends on the frequency alone: one division per class, not per
+    // byte value (a fused message codes many groups per step).
+    EncodeSymbol of_class[kClasses];
+    for (int k = 0; k < kClasses; ++k) of_class[k] = EncodeSymbolFor(m.freq[k]);
     EncodeSymbol symbols[kSymbols];
     for (int b = 0; b < kSymbols; ++b) {
-      symbols[b] = EncodeSymbolFor(m.freq[kTables.class_of[b]], Start(m, static_cast<uint8_t>(b)));
+      symbols[b] = of_class[kTables.class_of[b]];
+      symbols[b].bias += Start(m, static_cast<uint8_t>(b));
     }
     for (int64_t i = offset + group_sizes[g] - 1; i >= offset; --i) {
       const EncodeSymbol& e = symbols[in[i]];
