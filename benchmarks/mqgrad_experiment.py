@@ -111,7 +111,8 @@ def parse_method(spec):
     """("MQGrad", {"initial_bits": 4}) from "MQGrad:initial_bits=4"; arguments only for MQGrad."""
     name, _, arguments = spec.partition(":")
     if name not in METHODS and not FIXED_BITS.fullmatch(name):
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, Fix(k) for k in 2..8")
+        raise ValueError(
+            f"unknown method {name!r}; known: {', '.join(METHODS)}, Fix(k) for k in 2..8")
     kwargs = {}
     for item in filter(None, arguments.split(",")):
         key, equals, value = item.partition("=")
@@ -355,7 +356,8 @@ def window_rewards(result, T, alpha, reward_scale):
             break
         smoothed = mqgrad.smooth_losses(losses[window], previous, alpha)
         previous = smoothed[-1]
-        windows.append((smoothed[-1], mqgrad.reward(smoothed, costs_ms[window].sum(), reward_scale)))
+        value = mqgrad.reward(smoothed, costs_ms[window].sum(), reward_scale)
+        windows.append((smoothed[-1], value))
     return windows
 
 
