@@ -66,7 +66,8 @@ import numpy as np  # noqa: E402
 from models import data as data_lib  # noqa: E402
 from models import supervise, workloads  # noqa: E402
 from models.recorder import HISTORY_FIELDS, recorder_classes  # noqa: E402
-from models.train_args import build_parser, parse_compression  # noqa: E402
+from models.train_args import (  # noqa: E402
+    build_parser, parse_agent_arguments, parse_compression)
 
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
 
@@ -93,6 +94,16 @@ def make_optimizer(args, workload, replicas, codec, pull_codec=None):
 
 
 # --- callbacks ----------------------------------------------------------------------------
+
+
+def mqgrad_summary(callback):
+    """What an MQGrad callback did, for summary.json: its agent's options, MDP steps,
+    mean bits and [step, bits] wherever the bits changed (steps of this attempt)."""
+    used = [entry["bits"] for entry in callback.trace]
+    changes = [[step, bits] for step, bits in enumerate(used)
+               if step == 0 or bits != used[step - 1]]
+    return {"agent": dict(callback.agent.config), "mdp_steps": callback.agent.t,
+            "mean_bits": float(np.mean(used)) if used else None, "bits_changes": changes}
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -220,6 +231,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     replicas = strategy.num_replicas_in_sync if args.strategy == "mwms" else 1
     pull_codec = None if args.pull_compression == "none" else parse_compression(args.pull_compression)
     with strategy.scope():
+        if args.mqgrad is not None:
+            # MQGrad assigns the codec's bits variable. Made here, under PSS it lives on a
+            # parameter server, where every worker reads it at its next step.
+            codec = parse_compression(args.compression)
         in_loss = args.weight_decay_mode == "loss"
         # Weights created under compressed_pulls are read on workers from caches that
         # the parameter servers update with compressed deltas (3LC's pulls).
@@ -252,6 +267,12 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         rows_path=supervise.rows_path(out) if args._attempt else None)
     callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
     callbacks.append(recorder)
+    mqgrad = None
+    if args.mqgrad is not None:
+        # After a restart (--max-restarts) a new agent starts over from its initial bits.
+        mqgrad = tfgc.callbacks.MQGrad(optimizer, seed=args.seed,
+                                       **parse_agent_arguments(args.mqgrad))
+        callbacks.insert(0, mqgrad)
     if args.tensorboard and _has_tensorboard():
         callbacks.append(tf_keras.callbacks.TensorBoard(
             os.path.join(out, "tensorboard"), update_freq="epoch", profile_batch=0,
@@ -280,6 +301,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     trained = recorder.last_epoch_end or returned
     summary["train_time_s"] = trained - started
     summary["fit_teardown_s"] = returned - trained
+    if mqgrad is not None:
+        summary["mqgrad"] = mqgrad_summary(mqgrad)
 
     rows = recorder.rows
     steps_done = summary["steps"]
@@ -417,6 +440,14 @@ def main(argv=None):
             parse_compression(args.pull_compression)
     except ValueError as error:
         parser.error(str(error))
+    if args.mqgrad is not None:
+        try:
+            parse_agent_arguments(args.mqgrad)
+        except ValueError as error:
+            parser.error(str(error))
+        if type(parse_compression(args.compression)).__name__ != "Quantize":
+            parser.error("--mqgrad picks the bits of a Quantize codec: use --compression "
+                         f"quantize, not {args.compression!r}")
     if args.pull_compression != "none" and args.strategy == "mwms":
         parser.error("--pull-compression needs parameter servers (--strategy ps) or local")
     try:

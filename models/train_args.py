@@ -41,18 +41,44 @@ def parse_compression(spec):
     else:
         known = sorted(set(_CODEC_ALIASES) | set(classes))
         raise ValueError(f"unknown compression {name!r} in {spec!r}; known: {', '.join(known)}")
-    for item in filter(None, (p.strip() for p in arg_text.split(","))):
-        k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise ValueError(f"compression argument {item!r} in {spec!r} is not key=value")
-        try:
-            kwargs[k.strip()] = ast.literal_eval(v.strip())
-        except (ValueError, SyntaxError):
-            kwargs[k.strip()] = v.strip()
+    kwargs.update(_key_values(arg_text, "compression", spec))
     try:
         return codecs.lookup(class_name)(**kwargs)
     except TypeError as error:
         raise ValueError(f"bad arguments for {class_name} in {spec!r}: {error}") from None
+
+
+def _key_values(text, option, spec):
+    """{key: value} from "key=value,key=value"; values are Python literals, else strings."""
+    kwargs = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{option} argument {item!r} in {spec!r} is not key=value")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = value.strip()
+    return kwargs
+
+
+def parse_agent_arguments(text):
+    """MQGradAgent keyword arguments from "T=10,initial_bits=3" (values as Python
+    literals, else strings), checked by building an agent.
+
+    Raises:
+      ValueError: a malformed item, or arguments the agent rejects.
+    """
+    from tfgc import mqgrad
+
+    kwargs = _key_values(text, "--mqgrad", text)
+    if "seed" in kwargs:
+        raise ValueError("--mqgrad takes the agent's seed from --seed")
+    try:
+        mqgrad.MQGradAgent(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"bad --mqgrad arguments {text!r}: {error}") from None
+    return kwargs
 
 
 def build_parser():
@@ -82,6 +108,10 @@ def build_parser():
     add("--pull-compression", default="none",
         help="codec spec for model pulls from parameter servers (3LC; --strategy ps or "
              "local), e.g. threelc; none: fp32 pulls")
+    add("--mqgrad", nargs="?", const="", default=None, metavar="KEY=VALUE,...",
+        help="let MQGrad's agent pick the bits of --compression quantize during training "
+             "(tfgc.callbacks.MQGrad on wall time, seeded by --seed; the bits start at the "
+             "agent's initial_bits); optional agent arguments, e.g. T=10,initial_bits=3")
     add("--no-error-feedback", dest="error_feedback", action="store_false",
         help="disable error feedback (residual accumulation)")
     add("--min-elements", type=int, default=1024,

@@ -134,6 +134,41 @@ def test_parser_rejects_what_a_model_cannot_do(capsys):
     assert "--pull-compression applies to the image models" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (["--compression", "threelc", "--mqgrad"], "picks the bits of a Quantize codec"),
+    (["--compression", "quantize", "--mqgrad", "seed=3"], "seed from --seed"),
+    (["--compression", "quantize", "--mqgrad", "initial_bits=9"], "bad --mqgrad arguments"),
+    (["--compression", "quantize", "--mqgrad", "T"], "is not key=value"),
+])
+def test_parser_rejects_bad_mqgrad_use(arguments, message, capsys):
+    with pytest.raises(SystemExit):
+        train.main(arguments)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mqgrad_local_run(tmp_path):
+    # T=2 and epsilon=0.5: the bits change within 12 steps. One step per Keras epoch, so
+    # that each history row holds one step's push.
+    summary, rows, _ = run_cli(["--strategy", "local", "--steps", "12", "--log-every", "1",
+                                "--compression", "quantize", "--mqgrad", "T=2,epsilon=0.5"],
+                               tmp_path, 300)
+    report = summary["mqgrad"]
+    assert report["agent"]["T"] == 2 and report["mdp_steps"] == 6
+    changes = report["bits_changes"]
+    assert changes[0] == [0, 2] and len(changes) > 1
+    bits = [bits for (start, bits), (end, _) in zip(changes, changes[1:] + [[12, None]])
+            for _ in range(start, end)]
+    assert len(bits) == 12 and report["mean_bits"] == pytest.approx(np.mean(bits))
+    # Each step pushed the payload of the bits the agent had chosen before it.
+    pushed = {}
+    for used, row in zip(bits, rows):
+        pushed.setdefault(used, set()).add(float(row["push_bytes"]))
+    assert all(len(sizes) == 1 for sizes in pushed.values())
+    by_bits = [pushed[b].pop() for b in sorted(pushed)]
+    assert by_bits == sorted(by_bits) and len(set(by_bits)) == len(by_bits)
+
+
 def test_plot_overlays_runs(tmp_path):
     for name, loss in (("a", 2.0), ("b", 1.5)):
         run = tmp_path / name
