@@ -323,7 +323,7 @@ def summarize(results, args):
 
 def against_best_fixed(results, levels):
     """Per adaptive method: its time to each target over the fastest fixed width's at
-    that seed and target (the issue's "never more than 5% slower" reads this)."""
+    that seed and target, and how often it is within 5% of it."""
     fixed = {r["method"] for r in results if FIXED_BITS.fullmatch(r["method"])}
     lines = []
     for method in methods_of(results):
