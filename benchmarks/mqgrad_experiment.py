@@ -325,6 +325,11 @@ def against_best_fixed(results, levels):
     """Per adaptive method: its time to each target over the fastest fixed width's at
     that seed and target, and how often it is within 5% of it."""
     fixed = {r["method"] for r in results if FIXED_BITS.fullmatch(r["method"])}
+    best = {}  # (seed, level) -> the fastest fixed width's time
+    for run in (r for r in results if r["method"] in fixed):
+        for level in levels:
+            key = (run["seed"], level)
+            best[key] = min(best.get(key, float("inf")), time_to(run, level))
     lines = []
     for method in methods_of(results):
         if method in fixed:
@@ -332,10 +337,9 @@ def against_best_fixed(results, levels):
         ratios = []
         for level in levels:
             for run in (r for r in results if r["method"] == method):
-                best = min(time_to(r, level) for r in results
-                           if r["seed"] == run["seed"] and r["method"] in fixed)
-                if np.isfinite(best):
-                    ratios.append(time_to(run, level) / best)
+                fastest = best.get((run["seed"], level), float("inf"))
+                if np.isfinite(fastest):
+                    ratios.append(time_to(run, level) / fastest)
         if ratios:
             lines.append(
                 f"- {method} against the fastest of {', '.join(sorted(fixed))} per seed and "
@@ -385,8 +389,11 @@ def reward_noise(results, levels, T, alpha, reward_scale):
              + "".join(f" | windows for {a} vs {b}" for a, b in pairs) + " |",
              "|---|" + "---|" * (len(fixed) + len(pairs))]
     for low, high in groups:
-        stats = {m: (np.mean(v), np.std(v), len(v)) if len(v) > 1 else (np.nan, np.nan, len(v))
-                 for m in fixed for v in [rewards[(m, (low, high))]]}
+        stats = {}  # method -> (mean, sd, windows); no mean or sd for fewer than two
+        for m in fixed:
+            values = rewards[(m, (low, high))]
+            spread = (np.mean(values), np.std(values)) if len(values) > 1 else (np.nan, np.nan)
+            stats[m] = (*spread, len(values))
         cells = [f"{mean:.2e} +- {sd:.2e} ({n})" if n > 1 else f"- ({n})"
                  for mean, sd, n in stats.values()]
         for a, b in pairs:

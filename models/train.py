@@ -435,17 +435,19 @@ def main(argv=None):
     if args.backup_every_s < 0:
         parser.error("--backup-every-s must be >= 0")
     try:
-        parse_compression(args.compression)
+        codec = parse_compression(args.compression)
         if args.pull_compression != "none":
             parse_compression(args.pull_compression)
     except ValueError as error:
         parser.error(str(error))
     if args.mqgrad is not None:
+        from tfgc.codecs import Quantize
+
         try:
             parse_agent_arguments(args.mqgrad)
         except ValueError as error:
             parser.error(str(error))
-        if type(parse_compression(args.compression)).__name__ != "Quantize":
+        if type(codec) is not Quantize:  # not AdaptiveQuantize, which picks its own bits
             parser.error("--mqgrad picks the bits of a Quantize codec: use --compression "
                          f"quantize, not {args.compression!r}")
     if args.pull_compression != "none" and args.strategy == "mwms":
