@@ -43,6 +43,7 @@ def run_training(compression, args, out_dir, link=None):
         "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
         "--lr", str(args.lr), "--weight-decay-mode", args.weight_decay_mode,
+        "--seed", str(args.seed),
         "--compression", compression, "--out", out_dir,
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
         "--pull-compression", compression if args.pulls else "none",
@@ -157,6 +158,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=120, help="worker steps per run")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="initial weights and data order of every run")
     parser.add_argument(
         "--weight-decay-mode", choices=("loss", "optimizer"), default="optimizer",
         help="optimizer (default): decay applied on the PS; loss: an L2 term, which under "
