@@ -157,6 +157,7 @@ def test_mqgrad_local_run(tmp_path):
     assert report["agent"]["T"] == 2 and report["mdp_steps"] == 6
     changes = report["bits_changes"]
     assert changes[0] == [0, 2] and len(changes) > 1
+    assert summary["codec"] == {"class_name": "Quantize", "config": {"bits": 2}}
     bits = [bits for (start, bits), (end, _) in zip(changes, changes[1:] + [[12, None]])
             for _ in range(start, end)]
     assert len(bits) == 12 and report["mean_bits"] == pytest.approx(np.mean(bits))
