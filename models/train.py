@@ -274,7 +274,6 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
                                        **parse_agent_arguments(args.mqgrad))
         callbacks.insert(0, mqgrad)
         # The agent sets the codec's bits when training begins; record where they start.
-        summary["codec"] = tfgc.codecs.serialize(codec)
         summary["codec"]["config"]["bits"] = mqgrad.agent.config["initial_bits"]
     if args.tensorboard and _has_tensorboard():
         callbacks.append(tf_keras.callbacks.TensorBoard(
