@@ -110,14 +110,17 @@ def test_zero_run_matches_reference_at_every_length_and_density(rng):
             np.testing.assert_array_equal(tfgc_ops.zero_run_decode(encoded).numpy(), data)
 
 
-def test_zero_run_scalar_fallback_writes_the_same_bytes(rng, tmp_path, monkeypatch, run_python):
+@pytest.mark.parametrize("cap", ["scalar", "ssse3"])
+def test_zero_run_capped_paths_write_the_same_bytes(cap, rng, tmp_path, monkeypatch,
+                                                    run_python):
     # TFGC_ZERO_RUN_ISA=scalar makes a process take the portable loops that CPUs without
-    # SSSE3 run; they must write what the SIMD loops of this process write.
+    # SSSE3 run, =ssse3 the SSSE3 loops that CPUs without AVX-512 VBMI2 run; they must
+    # write what this process's own (best) loops write.
     arrays = {f"p{nonzero}": ternary_quartic_bytes(rng, 100_003, nonzero)
               for nonzero in (0.01, 0.05, 0.15, 0.3, 0.6)}
     arrays["edge"] = np.array([121] * 37 + [0] + [121] * 29 + [242] * 20, np.uint8)
     np.savez(tmp_path / "data.npz", **arrays)
-    monkeypatch.setenv("TFGC_ZERO_RUN_ISA", "scalar")
+    monkeypatch.setenv("TFGC_ZERO_RUN_ISA", cap)
     run_python(f"""
 import numpy as np
 import tfgc_ops
@@ -126,13 +129,13 @@ out = {{}}
 for name in data.files:
     out[name + "_enc"] = tfgc_ops.zero_run_encode(data[name]).numpy()
     out[name + "_dec"] = tfgc_ops.zero_run_decode(out[name + "_enc"]).numpy()
-np.savez({str(tmp_path / "scalar.npz")!r}, **out)
+np.savez({str(tmp_path / "capped.npz")!r}, **out)
 """, timeout=120)
-    scalar = np.load(tmp_path / "scalar.npz")
+    capped = np.load(tmp_path / "capped.npz")
     for name, data in arrays.items():
         encoded = tfgc_ops.zero_run_encode(data).numpy()
-        np.testing.assert_array_equal(scalar[name + "_enc"], encoded)
-        np.testing.assert_array_equal(scalar[name + "_dec"], data)
+        np.testing.assert_array_equal(capped[name + "_enc"], encoded)
+        np.testing.assert_array_equal(capped[name + "_dec"], data)
 
 
 # --- key packing ---------------------------------------------------------------------

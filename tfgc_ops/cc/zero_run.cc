@@ -143,7 +143,7 @@ int64_t FindInvalidByte(const uint8_t* in, int64_t n) {
 }
 
 int64_t DecodedSizeWith(Isa isa, const uint8_t* in, int64_t n) {
-  if (isa == Isa::kSsse3) return internal::DecodedSizeSsse3(in, n);
+  if (isa != Isa::kScalar) return internal::DecodedSizeSsse3(in, n);
   int64_t size = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t b = in[i];
@@ -184,22 +184,28 @@ bool IsaSupported(Isa isa) {
       return true;
     case Isa::kSsse3:
       return internal::CpuHasSsse3();
+    case Isa::kAvx512Vbmi2:
+      return internal::CpuHasSsse3() && internal::CpuHasAvx512Vbmi2();
   }
   return false;
 }
 
 Isa SelectedIsa() {
   static const Isa selected = [] {
-    const char* forced = std::getenv("TFGC_ZERO_RUN_ISA");
-    if (forced != nullptr && std::strcmp(forced, "scalar") == 0) return Isa::kScalar;
-    return IsaSupported(Isa::kSsse3) ? Isa::kSsse3 : Isa::kScalar;
+    const char* cap = std::getenv("TFGC_ZERO_RUN_ISA");
+    const bool capped_scalar = cap != nullptr && std::strcmp(cap, "scalar") == 0;
+    const bool capped_ssse3 = cap != nullptr && std::strcmp(cap, "ssse3") == 0;
+    if (!capped_scalar && !capped_ssse3 && IsaSupported(Isa::kAvx512Vbmi2)) {
+      return Isa::kAvx512Vbmi2;
+    }
+    return !capped_scalar && IsaSupported(Isa::kSsse3) ? Isa::kSsse3 : Isa::kScalar;
   }();
   return selected;
 }
 
 int64_t EncodeSerialWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out) {
   internal::EncodeState state;
-  if (isa == Isa::kSsse3) state = internal::EncodePrefixSsse3(in, n, out);
+  if (isa != Isa::kScalar) state = internal::EncodePrefixSsse3(in, n, out);
   return internal::EncodeScalar(in, n, out, state);
 }
 
@@ -210,6 +216,9 @@ int64_t EncodeSerial(const uint8_t* in, int64_t n, uint8_t* out) {
 void DecodeWith(Isa isa, const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
   internal::DecodeState state;
   if (isa == Isa::kSsse3) state = internal::DecodePrefixSsse3(in, n, out, out_size);
+  if (isa == Isa::kAvx512Vbmi2) {
+    state = internal::DecodePrefixAvx512Vbmi2(in, n, out, out_size);
+  }
   internal::DecodeScalar(in, n, out, out_size, state);
 }
 

@@ -11,8 +11,10 @@
 // in a serial planning step before any byte is written.
 //
 // EncodeSerial and Decode run the fastest path this CPU supports, chosen once at run
-// time: SIMD loops (zero_run_x86.cc) on x86-64 with SSSE3, a portable scalar loop
-// otherwise or when TFGC_ZERO_RUN_ISA=scalar is set. Every path writes identical bytes.
+// time: SIMD loops (zero_run_x86.cc) on x86-64 with SSSE3, plus a faster decoder where
+// the CPU also has AVX-512 VBMI2, and a portable scalar loop elsewhere. The environment
+// variable TFGC_ZERO_RUN_ISA=ssse3 or =scalar caps the choice. Every path writes
+// identical bytes.
 #ifndef TFGC_OPS_CC_ZERO_RUN_H_
 #define TFGC_OPS_CC_ZERO_RUN_H_
 
@@ -27,14 +29,16 @@ inline constexpr uint8_t kMaxLiteral = 242;  // largest quartic code
 inline constexpr uint8_t kFirstRunByte = 243;
 inline constexpr int64_t kMaxRun = 14;
 
-// The encoder's and decoder's implementations.
-enum class Isa { kScalar, kSsse3 };
+// The encoder's and decoder's implementations, slowest first. kAvx512Vbmi2 encodes as
+// kSsse3 does and decodes with its own loop.
+enum class Isa { kScalar, kSsse3, kAvx512Vbmi2 };
 
 // Whether this CPU (and this build) can run `isa`.
 bool IsaSupported(Isa isa);
 
-// The path EncodeSerial and Decode take: the best supported one, or kScalar when the
-// environment variable TFGC_ZERO_RUN_ISA is "scalar". Read once per process.
+// The path EncodeSerial and Decode take: the best supported one, at most the one that
+// the environment variable TFGC_ZERO_RUN_ISA names ("scalar" or "ssse3"; any other value
+// caps nothing). Read once per process.
 Isa SelectedIsa();
 
 // Greedy single-threaded encoding of in[0, n) into out, which must hold n bytes (bytes

@@ -30,11 +30,15 @@ int64_t EncodeScalar(const uint8_t* in, int64_t n, uint8_t* out, EncodeState sta
 void DecodeScalar(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size,
                   DecodeState state);
 
-// SIMD loops over a prefix (zero_run_x86.cc); callable only where the CPU has SSSE3.
+// SIMD loops over a prefix (zero_run_x86.cc); callable only where the CPU has SSSE3
+// (AVX-512 VBMI2 for the last one).
 bool CpuHasSsse3();
 EncodeState EncodePrefixSsse3(const uint8_t* in, int64_t n, uint8_t* out);
 DecodeState DecodePrefixSsse3(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size);
 int64_t DecodedSizeSsse3(const uint8_t* in, int64_t n);
+bool CpuHasAvx512Vbmi2();
+DecodeState DecodePrefixAvx512Vbmi2(const uint8_t* in, int64_t n, uint8_t* out,
+                                    int64_t out_size);
 
 }  // namespace internal
 }  // namespace zero_run

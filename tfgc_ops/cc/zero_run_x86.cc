@@ -1,6 +1,7 @@
-// SIMD loops of the zero-run codec for x86-64 with SSSE3, chosen at run time
-// (zero_run.cc). Compiled for the baseline CPU; only the functions marked with the
-// target attribute use SSSE3 instructions, and they run only after CpuHasSsse3().
+// SIMD loops of the zero-run codec for x86-64 with SSSE3 or AVX-512 VBMI2, chosen at run
+// time (zero_run.cc). Compiled for the baseline CPU; only the functions marked with a
+// target attribute use those instructions, and they run only after CpuHasSsse3() or
+// CpuHasAvx512Vbmi2().
 //
 // Encoder: eight input bytes at a time. Their 121-mask (bit k: byte k is 121) indexes a
 // 256-entry table that holds, for those eight bytes, the run of 121s they start with,
@@ -14,6 +15,13 @@
 // the output is filled with 121s and the literals are stored at their offsets: sixteen
 // independent stores instead of a chain of dependent ones. Long runs (sparse data) store
 // sixteen 121s at each byte's offset instead of filling first.
+//
+// AVX-512 VBMI2 decoder: sixteen encoded bytes whose output fits 64 bytes (mixed data)
+// become one `vpexpandb`: it spreads the sixteen output values (literals, and 121 for
+// run bytes) to where each byte's output starts and leaves 121 everywhere else. The
+// 64-bit mask of those starts is built with `pext`: a byte of decoded length L is the
+// L-bit field 1, 0, ..., 0; pext of a word with a 1 at the bottom of each 16-bit lane,
+// under a selector of L low ones per lane, concatenates four bytes' fields.
 #include <cstdint>
 #include <cstring>
 
@@ -22,7 +30,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TFGC_ZERO_RUN_X86 1
-#include <tmmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace tfgc {
@@ -131,10 +139,52 @@ __attribute__((target("ssse3"))) inline __m128i DecodedLengths(__m128i v) {
   return _mm_max_epu8(_mm_subs_epu8(v, run_bias), _mm_set1_epi8(1));
 }
 
+// Long runs (sparse data): sixteen 121s at each byte's offset, then the byte itself, in
+// order, so a later fill never covers an earlier byte. Offsets and values of sixteen
+// bytes come as two 64-bit words each (storing the vectors and reading single bytes back
+// stalls on store forwarding).
+__attribute__((target("ssse3"))) inline void StoreAfterRuns(uint8_t* base, uint64_t offsets[2],
+                                                            uint64_t values[2]) {
+  const __m128i zero_groups = _mm_set1_epi8(static_cast<char>(kZeroGroup));
+  for (int half = 0; half < 2; ++half) {
+    for (int k = 0; k < 8; ++k, offsets[half] >>= 8, values[half] >>= 8) {
+      uint8_t* at = base + (offsets[half] & 0xFF);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(at), zero_groups);
+      *at = static_cast<uint8_t>(values[half]);
+    }
+  }
+}
+
+// The sixteen bytes of `v` as two 64-bit words, low half first.
+__attribute__((target("ssse3"))) inline void SplitWords(__m128i v, uint64_t words[2]) {
+  words[0] = static_cast<uint64_t>(_mm_cvtsi128_si64(v));
+  words[1] = static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_srli_si128(v, 8)));
+}
+
+// Start offset of each of sixteen bytes' output: the exclusive prefix sum of their
+// decoded lengths (at most 224 in all, so bytes suffice); `end` gets the inclusive one.
+__attribute__((target("ssse3"))) inline __m128i StartOffsets(__m128i length, __m128i* end) {
+  __m128i sum = length;
+  sum = _mm_add_epi8(sum, _mm_slli_si128(sum, 1));
+  sum = _mm_add_epi8(sum, _mm_slli_si128(sum, 2));
+  sum = _mm_add_epi8(sum, _mm_slli_si128(sum, 4));
+  sum = _mm_add_epi8(sum, _mm_slli_si128(sum, 8));
+  *end = sum;
+  return _mm_sub_epi8(sum, length);
+}
+
 }  // namespace
 
 bool CpuHasSsse3() {
   static const bool has = __builtin_cpu_supports("ssse3");
+  return has;
+}
+
+bool CpuHasAvx512Vbmi2() {
+  static const bool has = __builtin_cpu_supports("avx512vbmi2") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("bmi2") &&
+                          __builtin_cpu_supports("popcnt");
   return has;
 }
 
@@ -192,22 +242,15 @@ __attribute__((target("ssse3"))) DecodeState DecodePrefixSsse3(const uint8_t* in
       continue;
     }
     const __m128i length = DecodedLengths(v);
-    __m128i end = length;  // inclusive prefix sum, at most 224: fits a byte
-    end = _mm_add_epi8(end, _mm_slli_si128(end, 1));
-    end = _mm_add_epi8(end, _mm_slli_si128(end, 2));
-    end = _mm_add_epi8(end, _mm_slli_si128(end, 4));
-    end = _mm_add_epi8(end, _mm_slli_si128(end, 8));
-    const __m128i start = _mm_sub_epi8(end, length);
+    __m128i end;
+    const __m128i start = StartOffsets(length, &end);
     const __m128i value = _mm_or_si128(_mm_and_si128(is_literal, v),
                                        _mm_andnot_si128(is_literal, zero_groups));
     const int64_t total = _mm_extract_epi16(end, 7) >> 8;
     uint8_t* base = out + s.o;
-    // Offsets and values leave the vector registers as 64-bit words (storing the vectors
-    // and reading single bytes back stalls on store forwarding).
-    uint64_t offsets[2] = {static_cast<uint64_t>(_mm_cvtsi128_si64(start)),
-                           static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_srli_si128(start, 8)))};
-    uint64_t values[2] = {static_cast<uint64_t>(_mm_cvtsi128_si64(value)),
-                          static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_srli_si128(value, 8)))};
+    uint64_t offsets[2], values[2];
+    SplitWords(start, offsets);
+    SplitWords(value, values);
     if (total <= 64) {
       // Short runs (mixed data): fill with 121s, then store the literals at their offsets.
       for (int p = 0; p < 64; p += 16) {
@@ -219,15 +262,61 @@ __attribute__((target("ssse3"))) DecodeState DecodePrefixSsse3(const uint8_t* in
         }
       }
     } else {
-      // Long runs: sixteen 121s at each byte's offset, then the byte itself, in order, so
-      // a later fill never covers an earlier literal.
-      for (int half = 0; half < 2; ++half) {
-        for (int k = 0; k < 8; ++k, offsets[half] >>= 8, values[half] >>= 8) {
-          uint8_t* at = base + (offsets[half] & 0xFF);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(at), zero_groups);
-          *at = static_cast<uint8_t>(values[half]);
-        }
-      }
+      StoreAfterRuns(base, offsets, values);
+    }
+    s.o += total;
+  }
+  return s;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi2,bmi2,popcnt"))) DecodeState
+DecodePrefixAvx512Vbmi2(const uint8_t* in, int64_t n, uint8_t* out, int64_t out_size) {
+  // Sixteen bytes decode to at most 224 bytes; the expanded vector stores 64 and the
+  // long-run loop sixteen past the last byte's start.
+  constexpr int64_t kRoom = 16 * kMaxRun + 64;
+  // A 1 at the bottom of each 16-bit lane: the first bit of four bytes' fields.
+  constexpr uint64_t kFieldStarts = 0x0001000100010001ULL;
+  const __m128i largest_literal = _mm_set1_epi8(static_cast<char>(kMaxLiteral));
+  const __m128i zero_groups = _mm_set1_epi8(static_cast<char>(kZeroGroup));
+  const __m512i zero_groups_64 = _mm512_set1_epi8(static_cast<char>(kZeroGroup));
+  const __m256i ones = _mm256_set1_epi16(1);
+  DecodeState s;
+  for (; s.i + 16 <= n && s.o + kRoom <= out_size; s.i += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + s.i));
+    const __mmask16 runs = _mm_cmpgt_epu8_mask(v, largest_literal);
+    uint8_t* base = out + s.o;
+    if (runs == 0) {  // sixteen literals
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(base), v);
+      s.o += 16;
+      continue;
+    }
+    const __m128i length = DecodedLengths(v);
+    // Per byte, L low ones in a 16-bit lane; four lanes per 64-bit word.
+    const __m256i selectors =
+        _mm256_sub_epi16(_mm256_sllv_epi16(ones, _mm256_cvtepu8_epi16(length)), ones);
+    const uint64_t select[4] = {static_cast<uint64_t>(_mm256_extract_epi64(selectors, 0)),
+                                static_cast<uint64_t>(_mm256_extract_epi64(selectors, 1)),
+                                static_cast<uint64_t>(_mm256_extract_epi64(selectors, 2)),
+                                static_cast<uint64_t>(_mm256_extract_epi64(selectors, 3))};
+    const int64_t sum0 = _mm_popcnt_u64(select[0]);
+    const int64_t sum1 = sum0 + _mm_popcnt_u64(select[1]);
+    const int64_t sum2 = sum1 + _mm_popcnt_u64(select[2]);
+    const int64_t total = sum2 + _mm_popcnt_u64(select[3]);
+    const __m128i value = _mm_mask_blend_epi8(runs, v, zero_groups);
+    if (total <= 64) {
+      // Every byte has length >= 1, so sum2 <= 60 here and no shift reaches 64.
+      const uint64_t starts = _pext_u64(kFieldStarts, select[0]) |
+                              _pext_u64(kFieldStarts, select[1]) << sum0 |
+                              _pext_u64(kFieldStarts, select[2]) << sum1 |
+                              _pext_u64(kFieldStarts, select[3]) << sum2;
+      _mm512_storeu_si512(base, _mm512_mask_expand_epi8(zero_groups_64, starts,
+                                                        _mm512_castsi128_si512(value)));
+    } else {
+      __m128i end;
+      uint64_t offsets[2], values[2];
+      SplitWords(StartOffsets(length, &end), offsets);
+      SplitWords(value, values);
+      StoreAfterRuns(base, offsets, values);
     }
     s.o += total;
   }
@@ -238,6 +327,8 @@ __attribute__((target("ssse3"))) DecodeState DecodePrefixSsse3(const uint8_t* in
 
 bool CpuHasSsse3() { return false; }
 
+bool CpuHasAvx512Vbmi2() { return false; }
+
 EncodeState EncodePrefixSsse3(const uint8_t*, int64_t, uint8_t*) { return EncodeState(); }
 
 DecodeState DecodePrefixSsse3(const uint8_t*, int64_t, uint8_t*, int64_t) {
@@ -245,6 +336,10 @@ DecodeState DecodePrefixSsse3(const uint8_t*, int64_t, uint8_t*, int64_t) {
 }
 
 int64_t DecodedSizeSsse3(const uint8_t*, int64_t) { return 0; }
+
+DecodeState DecodePrefixAvx512Vbmi2(const uint8_t*, int64_t, uint8_t*, int64_t) {
+  return DecodeState();
+}
 
 #endif
 

@@ -20,7 +20,7 @@ namespace zr = ::tfgc::zero_run;
 // Every instruction set this CPU runs (the scalar path always).
 inline std::vector<zr::Isa> SupportedIsas() {
   std::vector<zr::Isa> isas;
-  for (zr::Isa isa : {zr::Isa::kScalar, zr::Isa::kSsse3}) {
+  for (zr::Isa isa : {zr::Isa::kScalar, zr::Isa::kSsse3, zr::Isa::kAvx512Vbmi2}) {
     if (zr::IsaSupported(isa)) isas.push_back(isa);
   }
   return isas;
