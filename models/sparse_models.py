@@ -24,6 +24,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+import tfgc_ops
+
 LOSSES = ("linear", "logistic", "svm")
 
 
@@ -94,19 +96,26 @@ class SparseLinear(tf_keras.layers.Layer):
 
     The weights of the batch's distinct features are read with one `tf.gather`, so
     w's gradient is a `tf.IndexedSlices` with one row per distinct feature. Under
-    ParameterServerStrategy the gather runs on the parameter server: the distinct
-    feature ids (int32 while D < 2^31) cross to it and only their rows come back.
-    The L2 penalty lambda/2 ||w_present||^2 on those rows is added with `add_loss`.
+    ParameterServerStrategy the gather runs on the parameter server and only the
+    rows come back. The distinct feature ids cross to it packed by FastSGD's key
+    encoder (`tfgc_ops.pack_keys`: sorted, delta, ~9 bits per id on Reuters batches
+    instead of 32), unpacked there by the op library, which every tfgc server loads;
+    `packed_reads=False` sends them as int32 (int64 from D >= 2^31) ids, as a plain
+    `tf.gather` does. The L2 penalty lambda/2 ||w_present||^2 on those rows is added
+    with `add_loss`.
 
     Args:
       num_features: D.
       l2: lambda (0: no penalty).
+      packed_reads: pack the ids of reads from a parameter server (elsewhere, e.g. on
+        one machine, w is read directly whatever this says).
     """
 
-    def __init__(self, num_features, l2=0.0, **kwargs):
+    def __init__(self, num_features, l2=0.0, packed_reads=True, **kwargs):
         super().__init__(**kwargs)
         self.num_features = int(num_features)
         self.l2 = float(l2)
+        self.packed_reads = bool(packed_reads)
 
     def build(self, input_shape):
         self.w = self.add_weight("w", [self.num_features], initializer="zeros")
@@ -117,7 +126,7 @@ class SparseLinear(tf_keras.layers.Layer):
         id_type = tf.int32 if self.num_features < 2**31 else tf.int64
         # Each distinct feature is read (and its gradient sent) once per batch.
         present, position = tf.unique(tf.cast(x.indices[:, 1], id_type), out_idx=id_type)
-        weights = tf.gather(self.w, present)
+        weights = self._read(present)
         terms = x.values * tf.gather(weights, position)
         rows = tf.cast(x.dense_shape[0], tf.int32)
         # Rows without features (an empty document) get the bias alone.
@@ -126,14 +135,42 @@ class SparseLinear(tf_keras.layers.Layer):
             self.add_loss(0.5 * self.l2 * tf.reduce_sum(tf.square(weights)))
         return margin
 
+    def _read(self, ids):
+        """w[ids] for distinct ids; from a parameter server, with the ids packed."""
+        w = self.w
+        if not (self.packed_reads and isinstance(w, tf.Variable) and "/job:ps" in w.device):
+            return tf.gather(w, ids)
+        order = tf.argsort(ids)
+        ascending = tf.gather(ids, order)  # pack_keys wants strictly increasing keys
+        packed = tfgc_ops.pack_keys(ascending)
+
+        @tf.custom_gradient
+        def read_packed(packed):
+            with tf.device(w.device):
+                rows = tf.gather(w, tfgc_ops.unpack_keys(packed))
+
+            def gradient(upstream, variables):
+                # The ids the worker holds, not the server's unpacked copy: the push
+                # would otherwise fetch those back from the server.
+                del variables  # [w]
+                upstream = tf.convert_to_tensor(upstream)  # u rows; sliced by the gather below
+                dense_shape = tf.shape(w, out_type=ids.dtype)
+                return None, [tf.IndexedSlices(upstream, ascending, dense_shape)]
+
+            return rows, gradient
+
+        return tf.gather(read_packed(packed), tf.math.invert_permutation(order))
+
     def get_config(self):
-        return {**super().get_config(), "num_features": self.num_features, "l2": self.l2}
+        return {**super().get_config(), "num_features": self.num_features, "l2": self.l2,
+                "packed_reads": self.packed_reads}
 
 
-def keras_model(num_features, l2=0.0, name="sparse_linear"):
+def keras_model(num_features, l2=0.0, name="sparse_linear", packed_reads=True):
     """A tf_keras model: sparse input [N, num_features] -> margins [N] (`SparseLinear`)."""
     inputs = tf_keras.Input(shape=(num_features,), sparse=True, name="features")
-    return tf_keras.Model(inputs, SparseLinear(num_features, l2, name="linear")(inputs), name=name)
+    linear = SparseLinear(num_features, l2, packed_reads=packed_reads, name="linear")
+    return tf_keras.Model(inputs, linear(inputs), name=name)
 
 
 def keras_loss(loss):

@@ -97,6 +97,10 @@ def build_parser():
              "reuters_corn (default), reuters_grain or libsvm:PATH")
     add("--hash-dim", type=int, default=2**20,
         help="sparse models on Reuters: hashed feature count")
+    add("--plain-reads", dest="packed_reads", action="store_false",
+        help="sparse models under --strategy ps: send the ids of the weights each step "
+             "reads as int32, as tf.gather does (default: packed by FastSGD's key "
+             "encoder, ~9 bits per id on Reuters)")
     add("--allow-substitute", action="store_true",
         help="use real Fashion-MNIST (recorded as a substitute) if CIFAR is not available")
     add("--data-dir", default=None, help="tensorflow-datasets data_dir for CIFAR")

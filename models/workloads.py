@@ -141,11 +141,13 @@ class SparseWorkload:
         return {"dataset": self.train.name, "substitute_for": None,
                 "train_examples": int(self.train.x.shape[0]),
                 "test_examples": int(self.test.x.shape[0]),
-                "num_features": int(self.train.num_features)}
+                "num_features": int(self.train.num_features),
+                "packed_reads": bool(self.args.packed_reads)}
 
     def build_model(self, weight_decay):
         return sparse_models.keras_model(self.train.num_features, weight_decay,
-                                         name=f"sparse_{self.args.model}")
+                                         name=f"sparse_{self.args.model}",
+                                         packed_reads=self.args.packed_reads)
 
     def loss(self):
         return sparse_models.keras_loss(self.args.model)
