@@ -154,7 +154,7 @@ class SparseLinear(tf_keras.layers.Layer):
                 # would otherwise fetch those back from the server.
                 del variables  # [w]
                 upstream = tf.convert_to_tensor(upstream)  # u rows; sliced by the gather below
-                dense_shape = tf.shape(w, out_type=ids.dtype)
+                dense_shape = tf.constant(w.shape.as_list(), ids.dtype)  # not read remotely
                 return None, [tf.IndexedSlices(upstream, ascending, dense_shape)]
 
             return rows, gradient
