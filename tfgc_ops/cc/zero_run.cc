@@ -192,13 +192,15 @@ bool IsaSupported(Isa isa) {
 
 Isa SelectedIsa() {
   static const Isa selected = [] {
-    const char* cap = std::getenv("TFGC_ZERO_RUN_ISA");
-    const bool capped_scalar = cap != nullptr && std::strcmp(cap, "scalar") == 0;
-    const bool capped_ssse3 = cap != nullptr && std::strcmp(cap, "ssse3") == 0;
-    if (!capped_scalar && !capped_ssse3 && IsaSupported(Isa::kAvx512Vbmi2)) {
-      return Isa::kAvx512Vbmi2;
+    const char* named = std::getenv("TFGC_ZERO_RUN_ISA");
+    Isa cap = Isa::kAvx512Vbmi2;
+    if (named != nullptr && std::strcmp(named, "scalar") == 0) cap = Isa::kScalar;
+    if (named != nullptr && std::strcmp(named, "ssse3") == 0) cap = Isa::kSsse3;
+    // The fastest supported path at or below the cap (Isa is ordered slowest first).
+    for (Isa isa : {Isa::kAvx512Vbmi2, Isa::kSsse3}) {
+      if (isa <= cap && IsaSupported(isa)) return isa;
     }
-    return !capped_scalar && IsaSupported(Isa::kSsse3) ? Isa::kSsse3 : Isa::kScalar;
+    return Isa::kScalar;
   }();
   return selected;
 }
