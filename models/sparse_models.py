@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+import tfgc.wire.copies
 import tfgc_ops
 
 LOSSES = ("linear", "logistic", "svm")
@@ -101,7 +102,9 @@ class SparseLinear(tf_keras.layers.Layer):
     encoder (`tfgc_ops.pack_keys`: sorted, delta, ~9 bits per id on Reuters batches
     instead of 32), unpacked there by the op library, which every tfgc server loads;
     `packed_reads=False` sends them as int32 (int64 from D >= 2^31) ids, as a plain
-    `tf.gather` does. The L2 penalty lambda/2 ||w_present||^2 on those rows is added
+    `tf.gather` does. With packed reads, a push whose codec can (FastSGD) sends w's
+    gradient rows without their ids: the server decodes them against the ids it
+    unpacked for the read. The L2 penalty lambda/2 ||w_present||^2 on those rows is added
     with `add_loss`.
 
     Args:
@@ -147,7 +150,10 @@ class SparseLinear(tf_keras.layers.Layer):
         @tf.custom_gradient
         def read_packed(packed):
             with tf.device(w.device):
-                rows = tf.gather(w, tfgc_ops.unpack_keys(packed))
+                unpacked = tfgc_ops.unpack_keys(packed)
+                rows = tf.gather(w, unpacked)
+            # The push's rows may then travel without their ids (tfgc.wire.copies).
+            tfgc.wire.copies.note_copy(ascending, unpacked)
 
             def gradient(upstream, variables):
                 # The ids the worker holds, not the server's unpacked copy: the push

@@ -235,6 +235,54 @@ def test_fastsgd_indexed_slices_encode_like_their_dense_tensor(rng, rows):
         np.testing.assert_array_equal(sparse[key].numpy(), dense[key].numpy())
 
 
+@pytest.mark.parametrize("threshold", [128, 3])
+def test_fastsgd_values_alone_decode_like_the_full_payload(rng, threshold):
+    # Rows sent without their (distinct, ascending) indices decode, against the
+    # receiver's indices, to what the keyed payload decodes to; their codes are the same.
+    indices = tf.constant(np.sort(rng.choice(1000, 50, replace=False)))
+    values = tf.constant(gradient_like(rng, [50, 3]))
+    dense_shape = tf.constant([1000, 3], tf.int64)
+    codec = C.FastSGD(threshold=threshold)
+    keyed = codec.encode(tf.IndexedSlices(values, indices, dense_shape))
+    alone = codec.encode_values(values)
+    assert "keys" not in alone and "dense_shape" not in alone
+    np.testing.assert_array_equal(alone["values"].numpy(), keyed["values"].numpy())
+    # The shorter list of positions travels: those dropped (a few here with the
+    # paper's tau), or those kept (few with tau = 3).
+    kept = keyed["values"].shape[0]
+    dropped_listed = threshold == 128
+    assert (kept > 75) == dropped_listed
+    assert alone["kept_listed"].numpy().tolist() == [0 if dropped_listed else 1]
+    listed = tfgc_ops.unpack_keys(alone["positions"]).shape[0]
+    assert listed == (150 - kept if dropped_listed else kept)
+    decoded = codec.decode_values(alone, indices, dense_shape)
+    assert isinstance(decoded, tf.IndexedSlices)
+    np.testing.assert_array_equal(decoded.indices.numpy(), indices.numpy())
+    np.testing.assert_array_equal(tf.convert_to_tensor(decoded).numpy(),
+                                  tf.convert_to_tensor(codec.decode(keyed)).numpy())
+
+
+def test_fastsgd_values_alone_refuse_payloads_that_do_not_fit_the_indices(rng):
+    values = tf.constant(gradient_like(rng, [50, 3]))
+    indices, dense_shape = tf.range(50, dtype=tf.int64), tf.constant([1000, 3], tf.int64)
+    codec = C.FastSGD()
+    payload = codec.encode_values(values)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not match its shape"):
+        codec.decode_values(payload, indices[:40], dense_shape)  # fewer rows than codes
+    # Positions past the rows, listed kept or dropped: nothing is written out of bounds.
+    for kept_listed in (0, 1):
+        beyond = dict(payload, positions=tfgc_ops.pack_keys(tf.constant([0, 5000], tf.int64)),
+                      kept_listed=tf.constant([kept_listed], tf.uint8),
+                      values=payload["values"][:2 if kept_listed else 148])
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            codec.decode_values(beyond, indices, dense_shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not match its shape"):
+        codec.decode_values(dict(payload, kept_listed=tf.zeros([0], tf.uint8)), indices,
+                            dense_shape)
+    with pytest.raises(NotImplementedError, match="encodes_values_alone"):
+        C.ThreeLC(1.0).encode_values(values)
+
+
 def test_no_compression_sends_indexed_slices_as_tensorflow_does():
     # Values and rows as they are (duplicates too), the rows of a rank-2 variable intact.
     values = tf.constant([[1.0, -2.0], [3.0, 0.5], [0.25, 4.0]])

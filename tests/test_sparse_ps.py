@@ -9,7 +9,9 @@ with FastSGD. Per step, from `ss`:
   packed by FastSGD's key encoder (or as u int32 ids with `packed_reads=False`, as
   `tf.gather` sends them), and u float32 rows come back;
 * the push carries its counted payload: fp32 sends the gradient's rows and ids as
-  TensorFlow does (not the dense [D] tensor), FastSGD about 18 bits per row;
+  TensorFlow does (not the dense [D] tensor), FastSGD about 18 bits per row, or
+  about 8 with packed reads, where the rows travel without their ids (the server
+  decodes them against the ids it unpacked for the read);
 * nothing else scales with u. In particular a gradient decoded on the server is
   summed there, not sent to the worker and back (tf_keras sums the rows of every
   sparse gradient before applying it, on no device in particular).
@@ -90,12 +92,16 @@ def test_sparse_pushes_carry_their_payload_and_no_round_trip(run_report):
         assert reads + run["payload"] <= run["sent"] <= reads + run["payload"] + slack, report
         assert reads <= run["received"] <= reads + slack, report
         assert all(np.isfinite(run["loss"])), report
-    # Packed ids: the same training (same pushes and losses) for ~9 bits per id instead
-    # of 32 on the way out; the rows come back as before.
+    # Packed ids: the same training (same losses) for ~9 bits per id instead of 32 on
+    # the way out, and the push sends the rows alone: the server holds their ids from
+    # the read. So the push's payload is the keyed one less its keys (the packed ids
+    # of the values kept: w has one element per row) and its shape, plus the list of
+    # the few values dropped (|v| < sum / 1.1^128): at least 95% of the ids' bytes.
     packed = report["fastsgd_packed_reads"]
     packed_ids = sum(int(tfgc_ops.pack_keys(batch.astype(np.int32)).shape[0]) for batch in ids)
     assert packed_ids < sum(distinct) * 2, packed_ids  # < 16 bits per id
-    assert packed["payload"] == fastsgd["payload"], report
+    saved = fastsgd["payload"] - packed["payload"]
+    assert 0.95 * packed_ids <= saved <= packed_ids + 16 * STEPS, report
     np.testing.assert_allclose(packed["loss"], fastsgd["loss"], rtol=1e-6)
     assert packed_ids + packed["payload"] <= packed["sent"], report
     assert packed["sent"] <= packed_ids + packed["payload"] + slack, report

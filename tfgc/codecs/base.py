@@ -44,6 +44,11 @@ class Codec(abc.ABC):
     #: other codecs get them as dense tensors.
     accepts_indexed_slices = False
 
+    #: True when `encode_values` / `decode_values` send the rows of `tf.IndexedSlices`
+    #: without their indices, for a receiver that holds the indices already (a fused
+    #: wire uses them where the indices were computed on the receiving server).
+    encodes_values_alone = False
+
     #: True for a bound codec that aggregates across replicas itself:
     #: `all_reduce(gradient, replica_context) -> (summed_gradient, payload_nbytes)`
     #: then replaces the optimizer's generic all-reduce (no error feedback).
@@ -83,6 +88,17 @@ class Codec(abc.ABC):
         """The tensors of an `encode_batch` payload, given their static `shapes` (the
         receiver knows them: the payload carries none)."""
         raise NotImplementedError(f"{self.name} has no batched decoding (batched=False)")
+
+    def encode_values(self, values):
+        """Compresses the rows of `tf.IndexedSlices` whose indices (distinct) the
+        receiver holds; payloads carry no indices (`encodes_values_alone` codecs)."""
+        raise NotImplementedError(f"{self.name} sends no values without their indices "
+                                  "(encodes_values_alone=False)")
+
+    def decode_values(self, payload, indices, dense_shape):
+        """Inverse of `encode_values`: the `tf.IndexedSlices` at the receiver's `indices`."""
+        raise NotImplementedError(f"{self.name} sends no values without their indices "
+                                  "(encodes_values_alone=False)")
 
     def encode_and_reconstruct_group(self, tensors):
         """(payload, [decoding of each tensor]) for the tensors of one payload: a tensor

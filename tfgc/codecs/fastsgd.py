@@ -32,10 +32,13 @@ class FastSGD(base.Codec):
 
     Payload: {"keys": packed keys, "values": uint8 codes, "sum": float32 (float64 for
     float64 input), "dtype": an empty tensor of the input's dtype, and "shape" (dense)
-    or "dense_shape" (IndexedSlices), int32}.
+    or "dense_shape" (IndexedSlices), int32}. `encode_values` sends IndexedSlices' rows
+    alone, for a receiver that holds their indices: "positions" and "kept_listed"
+    instead of "keys", and no shape.
     """
 
     accepts_indexed_slices = True
+    encodes_values_alone = True
 
     def __init__(self, base=1.1, threshold=MAX_THRESHOLD, flag_bits=2):
         base, threshold = float(base), int(threshold)
@@ -94,6 +97,17 @@ class FastSGD(base.Codec):
 
     def _encode_pairs(self, keys, values):
         """Encodes values at ascending keys (None: their positions); zeros are never sent."""
+        positions, codes, total = self._quantize(values)
+        return {
+            "keys": tfgc_ops.pack_keys(positions if keys is None else tf.gather(keys, positions),
+                                       flag_bits=self.flag_bits),
+            "values": codes,
+            "sum": total,
+            "dtype": tf.zeros([0], values.dtype),
+        }
+
+    def _quantize(self, values):
+        """(positions of the kept values in 1-D `values`, their uint8 codes, the sum)."""
         wire = tf.float64 if values.dtype == tf.float64 else tf.float32
         # The sum (as received; NaN if a value is not finite) and the early stop of
         # Algorithm 1, |v| < sum / b^tau, in two C++ passes; the rest runs on the few kept.
@@ -108,13 +122,38 @@ class FastSGD(base.Codec):
         positions, level = tf.boolean_mask(positions, passed), tf.boolean_mask(level, passed)
         negative = tf.boolean_mask(v, passed) < 0
         codes = tf.cast(level - 1.0, tf.int32) | tf.where(negative, SIGN_BIT, 0)
-        return {
-            "keys": tfgc_ops.pack_keys(positions if keys is None else tf.gather(keys, positions),
-                                       flag_bits=self.flag_bits),
-            "values": tf.cast(codes, tf.uint8),
-            "sum": tf.cast(total, wire),
-            "dtype": tf.zeros([0], values.dtype),
-        }
+        return positions, tf.cast(codes, tf.uint8), tf.cast(total, wire)
+
+    # --- rows without their indices -------------------------------------------------
+
+    def encode_values(self, values):
+        """The rows of IndexedSlices whose distinct indices the receiver holds: their
+        values as `encode` sends them, without keys or shape. Which elements were kept
+        travels as the shorter list of positions in the rows, packed as keys: those
+        dropped (usually: with the paper's tau only |v| < sum / 1.1^128 is, a few
+        percent) or those kept ("kept_listed" says which)."""
+        values = base.check_floating(values, self.name)
+        flat = tf.reshape(values, [-1])
+        kept, codes, total = self._quantize(flat)
+        count = tf.size(flat, out_type=tf.int64)
+        kept_listed = 2 * tf.size(kept, out_type=tf.int64) <= count
+        listed = tf.cond(kept_listed, lambda: tf.cast(kept, tf.int64),
+                         lambda: _complement(tf.cast(kept, tf.int64), count))
+        return {"positions": tfgc_ops.pack_keys(listed, flag_bits=self.flag_bits),
+                "kept_listed": tf.reshape(tf.cast(kept_listed, tf.uint8), [1]),
+                "values": codes, "sum": total, "dtype": tf.zeros([0], values.dtype)}
+
+    def decode_values(self, payload, indices, dense_shape):
+        dense_shape = tf.cast(dense_shape, tf.int64)
+        count = tf.size(indices, out_type=tf.int64) * tf.reduce_prod(dense_shape[1:])
+        listed = tf.cast(tfgc_ops.unpack_keys(payload["positions"]), tf.int64)
+        flag = base.check_size(payload["kept_listed"], 1, self.name)
+        kept = tf.cond(flag[0] > 0, lambda: listed, lambda: _complement(listed, count))
+        values = self._decoded_values(payload, tf.size(kept))
+        # scatter_nd rejects a position outside the rows (a malformed payload).
+        flat = tf.scatter_nd(kept[:, None], values, tf.reshape(count, [1]))
+        rows = tf.reshape(flat, tf.concat([[-1], dense_shape[1:]], 0))
+        return tf.IndexedSlices(rows, indices, dense_shape)
 
     def _magnitudes(self, total, level):
         """|v| rebuilt from the sum and L, computed the same way on both sides."""
@@ -124,17 +163,22 @@ class FastSGD(base.Codec):
 
     def decode(self, payload):
         keys = tfgc_ops.unpack_keys(payload["keys"])
-        codes = base.check_size(tf.cast(payload["values"], tf.int32), tf.size(keys), self.name)
-        level = tf.cast((codes & ~SIGN_BIT) + 1, tf.float64)
-        magnitude = self._magnitudes(tf.cast(payload["sum"], tf.float64), level)
-        values = tf.where(codes & SIGN_BIT > 0, -magnitude, magnitude)
-        values = tf.cast(values, payload["dtype"].dtype)
+        values = self._decoded_values(payload, tf.size(keys))
         if "dense_shape" in payload:
             return self._decode_slices(keys, values, payload["dense_shape"])
         shape = payload["shape"]
         n = tf.cast(tf.reduce_prod(shape), tf.int64)
         dense = tf.scatter_nd(keys[:, None], values, tf.reshape(n, [1]))
         return tf.reshape(dense, base.static_shape(shape))
+
+    def _decoded_values(self, payload, count):
+        """The `count` values of `payload`'s codes (a payload with other than `count`
+        codes fails)."""
+        codes = base.check_size(tf.cast(payload["values"], tf.int32), count, self.name)
+        level = tf.cast((codes & ~SIGN_BIT) + 1, tf.float64)
+        magnitude = self._magnitudes(tf.cast(payload["sum"], tf.float64), level)
+        values = tf.where(codes & SIGN_BIT > 0, -magnitude, magnitude)
+        return tf.cast(values, payload["dtype"].dtype)
 
     def _decode_slices(self, keys, values, dense_shape):
         dense_shape = tf.cast(dense_shape, tf.int64)
@@ -147,6 +191,14 @@ class FastSGD(base.Codec):
         )
         row_values = tf.reshape(row_values, tf.concat([[-1], dense_shape[1:]], 0))
         return tf.IndexedSlices(row_values, rows, dense_shape)
+
+
+def _complement(positions, count):
+    """The positions in [0, count) not in `positions` (ascending; a position outside
+    [0, count) fails)."""
+    taken = tf.scatter_nd(positions[:, None], tf.ones_like(positions, tf.int32),
+                          tf.reshape(count, [1]))
+    return tf.reshape(tf.where(taken == 0), [-1])
 
 
 def bits_per_key(payload):

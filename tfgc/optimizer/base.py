@@ -285,6 +285,17 @@ class CompressingBase:
             return codec.encode(gradient)
         return feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
 
+    def wire_values_alone(self, gradient, variable):
+        """Whether `gradient`, IndexedSlices, may travel as its rows alone to a receiver
+        that holds its indices: its codec sends them so and keeps no residual for it."""
+        return (isinstance(gradient, tf.IndexedSlices)
+                and self.wire_codec(variable).encodes_values_alone
+                and self._residuals.get(self._residual_key(variable)) is None)
+
+    def wire_values_payload(self, gradient, variable):
+        """Encodes the rows of `gradient` (see `wire_values_alone`) without its indices."""
+        return self.wire_codec(variable).encode_values(gradient.values)
+
     def wire_batch_key(self, variable):
         """Gradients with one key travel as one payload of a batched codec
         (`Codec.batched`) on fused wires; None: `variable`'s travels on its own."""

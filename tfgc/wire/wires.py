@@ -7,7 +7,9 @@ gradients of the step at once. It asks the optimizer that owns it (the `sender`)
 `wire_codec(variable)`, the codec that decodes it, and `compresses(variable)`, whether
 the main codec handles it. Fused wires also ask `wire_batch_key(variable)`: gradients
 with one key (a batched codec's, `Codec.batched`) are encoded together into one
-payload by `wire_batch_payload(pairs)`.
+payload by `wire_batch_payload(pairs)`, and, for `tf.IndexedSlices` whose indices the
+destination already holds (`tfgc.wire.copies`), `wire_values_alone(gradient, variable)`:
+whether `wire_values_payload` may send its rows without them.
 """
 import abc
 import contextlib
@@ -17,6 +19,7 @@ import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
+from tfgc.wire.copies import copy_on
 from tfgc.wire.message import Layout, payload_units, shares_by_position, spread
 
 
@@ -61,9 +64,13 @@ class _FusedWire(Wire):
 
     def _send_message(self, destination, pairs):
         units = self._units(pairs)
-        payloads = [self.sender.wire_payload(*pairs[unit[0]]) if len(unit) == 1
-                    else self.sender.wire_batch_payload([pairs[i] for i in unit])
-                    for unit in units]
+        # Rows whose indices the destination holds already travel without them.
+        held = [self._held_indices(destination, *pairs[unit[0]]) if len(unit) == 1 else None
+                for unit in units]
+        payloads = [self.sender.wire_batch_payload([pairs[i] for i in unit]) if len(unit) > 1
+                    else self.sender.wire_payload(*pairs[unit[0]]) if indices is None
+                    else self.sender.wire_values_payload(*pairs[unit[0]])
+                    for unit, indices in zip(units, held)]
         layout, message = Layout.pack(payloads)
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
@@ -73,10 +80,25 @@ class _FusedWire(Wire):
             nbytes = shares_by_position(units, layout.payload_nbytes(unpacked),
                                         [v.shape.num_elements() for _, v in pairs])
             decoded = spread(units, [
-                self.sender.wire_codec(pairs[unit[0]][1]).decode_group(
-                    payload, [pairs[i][1].shape for i in unit])
-                for unit, payload in zip(units, unpacked)])
+                self._decode(payload, [pairs[i][1] for i in unit], indices)
+                for unit, payload, indices in zip(units, unpacked, held)])
         return decoded, nbytes
+
+    def _held_indices(self, destination, gradient, variable):
+        """The destination's copy of `gradient`'s indices (`tfgc.wire.copies`), where
+        its rows may travel alone; else None."""
+        if destination is None or not self.sender.wire_values_alone(gradient, variable):
+            return None
+        return copy_on(gradient.indices, destination)
+
+    def _decode(self, payload, variables, indices):
+        """The gradients of `variables` from their payload (`indices`: the
+        destination's copy of a lone gradient's indices, if its rows came alone)."""
+        codec = self.sender.wire_codec(variables[0])
+        if indices is None:
+            return codec.decode_group(payload, [v.shape for v in variables])
+        dense_shape = tf.constant(variables[0].shape.as_list(), tf.int64)  # made here
+        return [codec.decode_values(payload, indices, dense_shape)]
 
     def _units(self, pairs):
         """Positions in `pairs` that travel as one payload (see `payload_units`)."""
