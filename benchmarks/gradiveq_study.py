@@ -54,6 +54,8 @@ def parse_args(argv=None):
     parser.add_argument("--sampling-bits", type=int, default=4, help="QSGD bits; 0: fp32 samples")
     parser.add_argument("--error-feedback", action="store_true",
                         help="keep the residual of compression (not in the paper)")
+    parser.add_argument("--uncentred", action="store_true",
+                        help="PCA without the samples' mean (GradiVeQ(centred=False))")
     parser.add_argument("--variant", default=None,
                         help="only the GradiVeQ run, written to gradiveq_study_<variant>.json")
     parser.add_argument("--seed", type=int, default=0)
@@ -187,7 +189,8 @@ def run_gradiveq(args, data, x, y, x_test, y_test, base_lr):
     model = make_model(data, args)
     codec = GradiVeQ(loss_threshold=args.loss_threshold, warmup_steps=args.warmup,
                      sampling_steps=args.sampling, compressed_steps=args.compressed,
-                     sampling_bits=args.sampling_bits or None, seed=args.seed)
+                     sampling_bits=args.sampling_bits or None, seed=args.seed,
+                     centred=not args.uncentred)
     optimizer = tfgc.DistributedOptimizer(
         tf_keras.optimizers.SGD.from_config(base_lr.get_config()), compression=codec,
         error_feedback=args.error_feedback)

@@ -54,12 +54,12 @@ def run_python(tmp_path):
     """Runs a Python script in a fresh process (for code that changes TF's global
     context, such as logical devices or a cluster connection); returns its stdout."""
 
-    def run(source, timeout, args=()):
+    def run(source, timeout, args=(), env=None):
         script = tmp_path / "script.py"
         script.write_text(source)
         # The repository root too: scripts may use the reference models (`models`).
         path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=path)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=path, **(env or {}))
         done = subprocess.run([sys.executable, str(script), *map(str, args)],
                               capture_output=True, text=True, timeout=timeout, env=env)
         assert done.returncode == 0, done.stderr[-4000:]
@@ -73,8 +73,8 @@ def run_report(run_python):
     """Runs a script in a fresh process and returns the JSON object of its last
     `REPORT {...}` line (see cluster_scripts)."""
 
-    def run(source, timeout, args=()):
-        return cluster_scripts.read_report(run_python(source, timeout, args))
+    def run(source, timeout, args=(), env=None):
+        return cluster_scripts.read_report(run_python(source, timeout, args, env))
 
     return run
 

@@ -11,6 +11,7 @@ import contextlib
 import tensorflow as tf
 
 import tfgc_ops
+from tfgc import server_variables
 
 #: Variables with fewer elements are not compressed by the main codec (3LC sends them
 #: as they are; tfgc sends them with the small-tensor codec).
@@ -68,9 +69,10 @@ def local_variable(initial_value, name, per_worker):
         # builds at its first `apply_gradients`, under `tf.init_scope`): it must skip
         # tf.function's initializer lifting, which builds a variable that
         # ParameterServerStrategy cannot copy to each worker.
-        return tf.Variable(initial_value, trainable=False, name=name,
-                           per_worker_variable=per_worker,
-                           experimental_enable_variable_lifting=not per_worker)
+        variable = tf.Variable(initial_value, trainable=False, name=name,
+                               per_worker_variable=per_worker,
+                               experimental_enable_variable_lifting=not per_worker)
+        return variable if per_worker else server_variables.by_name(variable)
     if strategy.num_replicas_in_sync > 1:
         return tf.Variable(
             initial_value, trainable=False, name=name,

@@ -44,6 +44,7 @@ from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_o
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.trackable import base as trackable
 
+from tfgc import server_variables
 from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable
 
@@ -154,12 +155,15 @@ def _maybe_pulled(master, min_elements):
             # The optimizer groups its slots by the masters' container: make it this one.
             getattr(shard, "master", shard)._sharded_container = weakref.ref(container)
         return container
+    if tf.distribute.has_strategy() and not is_parameter_server(strategy):
+        return master  # all-reduce strategies: every replica holds the model, no pulls
+    # Named on its server: the server's part of a step reaches it without a handle
+    # crossing (batch-norm statistics too, which Keras writes on every step).
+    master = server_variables.by_name(master)
     if not (master.trainable and master.dtype.is_floating):
         return master
     if master.shape.num_elements() < min_elements:
         return master
-    if tf.distribute.has_strategy() and not is_parameter_server(strategy):
-        return master  # all-reduce strategies: every replica holds the model, no pulls
     return PulledVariable(master)
 
 

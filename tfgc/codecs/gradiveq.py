@@ -84,6 +84,13 @@ class GradiVeQ(base.Codec):
         uncompressed (fp32), as in the paper's section 2.
       sampling_bucket_size: QSGD bucket size during sampling.
       seed: seed for QSGD's stochastic rounding (None: nondeterministic).
+      centred: PCA of the centred samples with mu their mean, as the paper (True), or
+        of the samples as they are with mu = 0 (False): U_d then spans the samples'
+        leading directions including their mean, and no mean is added back. The
+        paper's decode adds the sampling phase's mean gradient to every compressed
+        step's; that mean goes stale over L_c steps, and its part outside U_d's span
+        is a constant push in a past direction. Without it ResNet-20 trained
+        markedly better at 2,000 steps (`benchmarks/GRADIVEQ_RESULTS.md`).
 
     Use with `tfgc.DistributedOptimizer(..., error_feedback=False)`: under error
     feedback the part of each gradient outside U_d's span is never sent, so the residual
@@ -108,6 +115,7 @@ class GradiVeQ(base.Codec):
         sampling_bits=4,
         sampling_bucket_size=512,
         seed=None,
+        centred=True,
     ):
         if not 0.0 <= float(loss_threshold) < 1.0:
             raise ValueError(f"GradiVeQ loss_threshold must be in [0, 1), got {loss_threshold}")
@@ -136,6 +144,7 @@ class GradiVeQ(base.Codec):
         self.sampling_bits = None if sampling_bits is None else int(sampling_bits)
         self.sampling_bucket_size = int(sampling_bucket_size)
         self.seed = seed
+        self.centred = bool(centred)
 
     def get_config(self):
         return {
@@ -149,6 +158,7 @@ class GradiVeQ(base.Codec):
             "sampling_bits": self.sampling_bits,
             "sampling_bucket_size": self.sampling_bucket_size,
             "seed": self.seed,
+            "centred": self.centred,
         }
 
     def bind(self, variable, name=None):

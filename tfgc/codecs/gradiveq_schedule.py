@@ -65,6 +65,8 @@ class Schedule:
         """
         samples = tf.cast(tf.transpose(self.samples, [1, 0, 2]), tf.float64)  # [G, L, K]
         mean = tf.reduce_mean(samples, axis=1)
+        if not self.settings.centred:  # see GradiVeQ's `centred`
+            mean = tf.zeros_like(mean)
         centred = samples - mean[:, None, :]
         gram = tf.matmul(centred, centred, transpose_b=True)  # [G, L, L]
         eigenvalues, eigenvectors = tf.linalg.eigh(gram)  # ascending

@@ -5,6 +5,7 @@ import contextlib
 import tensorflow as tf
 
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
+from tfgc.server_variables import created_by_name
 
 _DISTRIBUTED_CLASSES = {}
 
@@ -42,7 +43,8 @@ class _CompressingMixin(CompressingBase):
     def build(self, var_list):
         self.enable_pulls(var_list)  # all at once: one pull group per parameter server
         var_list = [self._master_of(v) for v in var_list]
-        super().build(var_list)
+        with created_by_name():  # the slots: no handle per slot and step to the server
+            super().build(var_list)
         self._build_compression(var_list)
 
     def _deduplicate_sparse_grad(self, grads):
