@@ -39,7 +39,7 @@ def by_name(variable):
         return variable  # the switch-off: every handle crosses, as TensorFlow does it
     if isinstance(variable, ps_values.CachingVariable):
         inner = by_name(variable.get())
-        return variable if inner is variable.get() else ps_values.CachingVariable(inner)
+        return variable if inner is variable.get() else _NamedCachingVariable(inner)
     if type(variable) is not resource_variable_ops.ResourceVariable:  # noqa: E721 (exact)
         return variable
     if "/job:ps" not in (variable.device or ""):
@@ -100,6 +100,21 @@ class NamedServerVariable(resource_variable_ops.ResourceVariable):
         with ops.control_dependencies(None), ops.device(self._handle.device):
             return gen_resource_variable_ops.var_handle_op(
                 dtype=self.dtype, shape=self.shape, shared_name=self._resource_name)
+
+
+class _NamedCachingVariable(ps_values.CachingVariable):
+    """ParameterServerStrategy's wrapper around a `NamedServerVariable`.
+
+    The wrapper inherits `BaseResourceVariable`'s methods (`scatter_add` and others)
+    and finds `_handle` on the wrapped variable: there it is the eager handle, which a
+    traced step would capture and pass, a second handle for one resource that orders
+    nothing with the named one. Here it is the wrapped variable's `handle`, the named
+    one inside a traced step.
+    """
+
+    @property
+    def _handle(self):
+        return self._v.handle
 
 
 class _Deleter:
