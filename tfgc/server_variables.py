@@ -9,12 +9,18 @@ function graph: the server finds the resource itself, so nothing crosses for it.
 Eager code (the coordinator: initial values, checkpoints, `get_weights`) and
 SavedModel exports use the handle as any variable does.
 
-`by_name(variable)` turns a plain variable on a parameter server into one; tfgc does
-so for the variables made in `tfgc.compressed_pulls()` (the masters of the pulled
-weights, and the others, such as batch-norm statistics), for the slots of a tf_keras
-`DistributedOptimizer` and for tfgc's own server state. `TFGC_NAMED_SERVER_VARIABLES=0`
-in the environment turns it off (every handle crosses, as TensorFlow does it).
+`by_name(variable)` turns a plain variable on a parameter server into one, where
+`TFGC_NAMED_SERVER_VARIABLES=1` is set in the coordinator's environment (off by
+default: see below); tfgc does so for the variables made in `tfgc.compressed_pulls()`
+(the masters of the pulled weights, and the others, such as batch-norm statistics),
+for the slots of a tf_keras `DistributedOptimizer` and for its own server state.
+
+Experimental. With one worker, training is the same with and without it (the
+cluster tests check losses and weights). With two asynchronous workers, ResNet-20
+with ThreeLC both ways trained worse with it in most runs (`benchmarks/RESULTS.md`),
+for a reason not found yet; so it is off by default.
 """
+
 import contextlib
 import os
 import uuid
@@ -35,8 +41,8 @@ def by_name(variable):
     """`variable` as a `NamedServerVariable` if it is a plain variable on a parameter
     server (or in ParameterServerStrategy's `CachingVariable` wrapper, which then
     wraps the named one); any other variable as it is."""
-    if os.environ.get("TFGC_NAMED_SERVER_VARIABLES", "1") == "0":
-        return variable  # the switch-off: every handle crosses, as TensorFlow does it
+    if os.environ.get("TFGC_NAMED_SERVER_VARIABLES", "0") != "1":
+        return variable  # off (the default): every handle crosses, as TensorFlow does it
     if isinstance(variable, ps_values.CachingVariable):
         inner = by_name(variable.get())
         return variable if inner is variable.get() else _NamedCachingVariable(inner)
@@ -139,7 +145,8 @@ class _Deleter:
 
 @contextlib.contextmanager
 def created_by_name():
-    """Plain parameter-server variables created inside are `NamedServerVariable`s."""
+    """Plain parameter-server variables created inside are `NamedServerVariable`s
+    (where `by_name` names variables at all)."""
 
     def creator(next_creator, **kwargs):
         return by_name(next_creator(**kwargs))
