@@ -87,6 +87,24 @@ def test_sum_of_encodes_is_the_encode_of_the_sum_and_span_is_exact(rng):
     np.testing.assert_allclose(decoded.numpy().reshape(SHAPE), sum(inside), rtol=1e-4, atol=1e-4)
 
 
+def test_uncentred_pca_keeps_no_mean_and_spans_the_samples(rng):
+    # centred=False: mu = 0 and U_d spans the samples as they are, their offset
+    # included: slices in offset + a rank-3 subspace take d = 4 (the paper's centred
+    # PCA: 3, plus mu), and sums of encodes of such gradients decode exactly.
+    gradients = low_rank(rng, 12)
+    layer = bound(sampling_steps=10, sampling_bits=None, centred=False)
+    fill_pca(layer, gradients[:10])
+    assert int(layer.dim.numpy()) == 4
+    np.testing.assert_array_equal(layer.mean.numpy(), 0.0)
+    workers = gradients[10:]
+    decoded = layer.decompress(sum(layer.compress(layer.slices(g), 2) for g in workers))
+    np.testing.assert_allclose(decoded.numpy().reshape(SHAPE), workers.sum(0), rtol=1e-4,
+                               atol=1e-4)
+    centred = bound(sampling_steps=10, sampling_bits=None)
+    fill_pca(centred, gradients[:10])
+    assert int(centred.dim.numpy()) == 3 and np.abs(centred.mean.numpy()).max() > 0.1
+
+
 def test_dimension_follows_equation_6(rng):
     layer = bound(sampling_steps=40, loss_threshold=0.05)
     spread = np.array([10.0, 5.0, 2.0, 1.0, 0.5] + [0.01] * 91)
