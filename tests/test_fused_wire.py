@@ -15,8 +15,8 @@ InvalidArgument, and the server goes on serving.
 
 With compressed pulls (`compressed_pulls()`: every weight pulled in one message per
 step) and ThreeLC's entropy coder both ways, both directions carry their counted payload
-plus a fixed cost per step where the server's part of a step reaches the masters by
-name (tfgc.server_variables, opt-in); by default TensorFlow passes a remote handle per
+plus a fixed cost per step: the server's part of a step reaches the masters and slots
+by name (tfgc.server_variables), where TensorFlow would pass a remote handle per
 variable on every call (see the last test).
 """
 
@@ -135,20 +135,20 @@ def test_many_variables_cost_one_message_per_step(run_report):
 
 def test_compressed_pulls_cost_one_message_per_step(run_report):
     # Every weight is pulled (the kernels with ThreeLC, the biases as float16) in one
-    # message per step, and with `TFGC_NAMED_SERVER_VARIABLES=1` the server's part of
-    # each step reaches the masters by name (tfgc.server_variables), so nothing crosses
-    # per variable: both directions carry their payload and a fixed cost, the
-    # fused-wire issue's bound.
-    report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"],
-                        env={"TFGC_NAMED_SERVER_VARIABLES": "1"})
+    # message per step, and the server's part of each step reaches the masters and
+    # slots by name (tfgc.server_variables), so nothing crosses per variable: both
+    # directions carry their payload and a fixed cost, the fused-wire issue's bound.
+    report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"])
     push, pull = report["sent"] / STEPS, report["received"] / STEPS
     push_payload, pull_payload = report["payload"] / STEPS, report["pull_payload"] / STEPS
     assert 0 < pull_payload < report["dense"] / 10, report
     assert push_payload <= push <= 1.15 * push_payload + 4096, report
     assert pull_payload <= pull <= 1.15 * pull_payload + 4096, report
-    # With the masters' handles passed on every call, as TensorFlow does it (the
-    # default), the same run's pushes carry 0.1-0.2 KB more per variable and step.
-    passed = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"])
+    # With the handles passed on every call, as TensorFlow does it
+    # (`TFGC_NAMED_SERVER_VARIABLES=0`), the same run's pushes carry 0.1-0.2 KB more
+    # per variable and step (a weight and its slot).
+    passed = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"],
+                        env={"TFGC_NAMED_SERVER_VARIABLES": "0"})
     assert passed["payload"] == report["payload"], (passed, report)
     assert passed["loss"] == report["loss"], (passed, report)
     extra = (passed["sent"] - report["sent"]) / STEPS

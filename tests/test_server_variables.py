@@ -1,8 +1,8 @@
 """Parameter-server variables reached by name (tfgc.server_variables) on a real cluster.
 
 The same training runs twice, in fresh processes, once with the server's variables
-reached by name (`TFGC_NAMED_SERVER_VARIABLES=1`) and once with their handles passed
-on every call, as TensorFlow does (the default); each is 1 ps, 1 worker, tf_keras
+reached by name (the default) and once with their handles passed on every call, as
+TensorFlow does (`TFGC_NAMED_SERVER_VARIABLES=0`); each is 1 ps, 1 worker, tf_keras
 `fit` of a small conv net with batch norm under `compressed_pulls()`, SGD with momentum
 and ThreeLC both ways. With names, the model's variables on the server (masters,
 batch-norm statistics) and the optimizer's slots must be named; both runs must train
@@ -10,10 +10,10 @@ identically (losses and final weights), and a checkpoint must restore them.
 """
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import cluster_scripts
-
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+from tfgc import server_variables
 
 COORDINATOR = cluster_scripts.script(
     """
@@ -65,10 +65,12 @@ COORDINATOR = cluster_scripts.script(
 )
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_named_server_variables_train_as_passed_handles_do(run_report, tmp_path):
-    named = run_report(COORDINATOR, timeout=400, args=[tmp_path / "named"],
-                       env={"TFGC_NAMED_SERVER_VARIABLES": "1"})
-    passed = run_report(COORDINATOR, timeout=400, args=[tmp_path / "passed"])
+    named = run_report(COORDINATOR, timeout=400, args=[tmp_path / "named"])
+    passed = run_report(COORDINATOR, timeout=400, args=[tmp_path / "passed"],
+                        env={"TFGC_NAMED_SERVER_VARIABLES": "0"})
     named, passed = named["conv"], passed["conv"]
     assert named["unnamed"] == [], named
     # 6 momentum slots named; not the step counter, which tf_keras makes with the
@@ -79,3 +81,27 @@ def test_named_server_variables_train_as_passed_handles_do(run_report, tmp_path)
     np.testing.assert_allclose(named["weights"], passed["weights"], rtol=1e-6)
     assert all(np.isfinite(named["loss"])), named
     assert named["restored"] and passed["restored"], (named, passed)
+
+
+def test_a_traced_step_makes_one_unordered_handle_per_named_variable():
+    # One handle per function graph, captured by nested ones, and made outside the
+    # step's order of stateful ops: chained after the step's asserts, every named
+    # variable's first use waited for them, which changed how two asynchronous
+    # workers' updates interleave.
+    variable = server_variables.NamedServerVariable(tf.Variable([1.0, 2.0]))
+
+    @tf.function
+    def step(flag):
+        tf.debugging.Assert(flag, ["stateful, no resource input"])
+        variable.assign_add([1.0, 1.0])
+        tf.cond(flag, lambda: variable.assign_add([10.0, 10.0]), lambda: variable.assign([0.0, 0.0]))
+        return variable.read_value() * 2.0
+
+    np.testing.assert_array_equal(step(tf.constant(True)).numpy(), [24.0, 26.0])
+    graph = step.get_concrete_function(tf.TensorSpec([], tf.bool)).graph
+    handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
+    assert len(handles) == 1, handles
+    assert handles[0].control_inputs == [], handles[0].control_inputs
+    assert not graph.captures or all(t.dtype != tf.resource for t in graph.external_captures)
+    # Eager code sees an ordinary variable, and the variable's resource is its own.
+    np.testing.assert_array_equal(variable.numpy(), [12.0, 13.0])

@@ -9,16 +9,12 @@ function graph: the server finds the resource itself, so nothing crosses for it.
 Eager code (the coordinator: initial values, checkpoints, `get_weights`) and
 SavedModel exports use the handle as any variable does.
 
-`by_name(variable)` turns a plain variable on a parameter server into one, where
-`TFGC_NAMED_SERVER_VARIABLES=1` is set in the coordinator's environment (off by
-default: see below); tfgc does so for the variables made in `tfgc.compressed_pulls()`
-(the masters of the pulled weights, and the others, such as batch-norm statistics),
-for the slots of a tf_keras `DistributedOptimizer` and for its own server state.
-
-Experimental. With one worker, training is the same with and without it (the
-cluster tests check losses and weights). With two asynchronous workers, ResNet-20
-with ThreeLC both ways trained worse with it in most runs (`benchmarks/RESULTS.md`),
-for a reason not found yet; so it is off by default.
+`by_name(variable)` turns a plain variable on a parameter server into one; tfgc does
+so for the variables made in `tfgc.compressed_pulls()` (the masters of the pulled
+weights, and the others, such as batch-norm statistics), for the slots of a tf_keras
+`DistributedOptimizer` and for its own server state. `TFGC_NAMED_SERVER_VARIABLES=0`
+in the coordinator's environment turns it off (every handle crosses, as TensorFlow
+does it).
 """
 
 import contextlib
@@ -41,8 +37,8 @@ def by_name(variable):
     """`variable` as a `NamedServerVariable` if it is a plain variable on a parameter
     server (or in ParameterServerStrategy's `CachingVariable` wrapper, which then
     wraps the named one); any other variable as it is."""
-    if os.environ.get("TFGC_NAMED_SERVER_VARIABLES", "0") != "1":
-        return variable  # off (the default): every handle crosses, as TensorFlow does it
+    if os.environ.get("TFGC_NAMED_SERVER_VARIABLES", "1") == "0":
+        return variable  # turned off: every handle crosses, as TensorFlow does it
     if isinstance(variable, ps_values.CachingVariable):
         inner = by_name(variable.get())
         return variable if inner is variable.get() else _NamedCachingVariable(inner)
@@ -104,8 +100,18 @@ class NamedServerVariable(resource_variable_ops.ResourceVariable):
                 outer_handle = self.handle
             return graph.capture(outer_handle)
         with ops.control_dependencies(None), ops.device(self._handle.device):
-            return gen_resource_variable_ops.var_handle_op(
+            handle = gen_resource_variable_ops.var_handle_op(
                 dtype=self.dtype, shape=self.shape, shared_name=self._resource_name)
+        # A VarHandleOp is stateful without a resource input, so TensorFlow's automatic
+        # control dependencies would chain it after the step's earlier stateful ops
+        # (asserts, other handles): every named variable's first use would wait for
+        # them, which serializes the updates on the server and changed how two
+        # asynchronous workers' updates interleave (ResNet-20 trained worse). Making
+        # a handle needs no order.
+        manager = getattr(graph, "experimental_acd_manager", None)
+        if manager is not None:
+            manager.run_independently(handle.op)
+        return handle
 
 
 class _NamedCachingVariable(ps_values.CachingVariable):
