@@ -75,7 +75,7 @@ class NamedServerVariable(resource_variable_ops.ResourceVariable):
             handle=handle, constraint=variable.constraint,
             synchronization=variable.synchronization, aggregation=variable.aggregation,
             distribute_strategy=variable._distribute_strategy,  # pylint: disable=protected-access
-            unique_id=f"{self._resource_name}", handle_name=name, in_graph_mode=False)
+            unique_id=self._resource_name, handle_name=name, in_graph_mode=False)
         # A named resource outlives its handles unless it is destroyed.
         self._deleter = _Deleter(handle, device)
         self._graph_handles = weakref.WeakKeyDictionary()  # function graph -> handle
