@@ -4,9 +4,11 @@ The same training runs twice, in fresh processes, once with the server's variabl
 reached by name (the default) and once with their handles passed on every call, as
 TensorFlow does (`TFGC_NAMED_SERVER_VARIABLES=0`); each is 1 ps, 1 worker, tf_keras
 `fit` of a small conv net with batch norm under `compressed_pulls()`, SGD with momentum
-and ThreeLC both ways. With names, the model's variables on the server (masters,
-batch-norm statistics) and the optimizer's slots must be named; both runs must train
-identically (losses and final weights), and a checkpoint must restore them.
+and ThreeLC both ways, then FastSGD's sparse logistic regression with Adam, whose
+sparse update adds to its slots with `scatter_add` between reads of them. With names,
+the model's variables on the server (masters, batch-norm statistics) and the
+optimizer's slots must be named; both runs must train identically (losses and final
+weights), and a checkpoint must restore them.
 """
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from tfgc import server_variables
 
 COORDINATOR = cluster_scripts.script(
     """
+    from models import data as data_lib, sparse_models
     from tfgc import server_variables
 
     def unnamed(variables):
@@ -29,6 +32,8 @@ COORDINATOR = cluster_scripts.script(
     x = rng.normal(size=(64, 8, 8, 4)).astype("float32")
     y = rng.integers(0, 10, 64)
     images = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
+    train, _ = data_lib.load_sparse("reuters_corn")
+    sparse = sparse_models.sparse_dataset(train, 256, shuffle=False)
     report = {}
     with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=400) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
@@ -60,6 +65,20 @@ COORDINATOR = cluster_scripts.script(
         restored = conv.get_weights() + [v.numpy() for v in opt.variables()]
         report["conv"]["restored"] = all(np.array_equal(a, b) for a, b in zip(saved, restored))
 
+        # Sparse Adam adds to its slots with `scatter_add` between reads of them.
+        with strategy.scope():
+            linear = sparse_models.keras_model(train.num_features, l2=1e-4,
+                                               packed_reads=False)
+            adam = tfgc.DistributedOptimizer(sparse_models.adam(0.01),
+                                             compression=tfgc.codecs.NoCompression(),
+                                             error_feedback=False)
+            adam.build(linear.trainable_variables)
+            linear.compile(adam, sparse_models.keras_loss("logistic"))
+        history = linear.fit(sparse, epochs=3, steps_per_epoch=1, verbose=0)
+        report["sparse"] = {"loss": history.history["loss"],
+                            "weights": [float(np.sum(w)) for w in linear.get_weights()],
+                            "unnamed_slots": len(unnamed(adam.variables()))}
+
     send_report(report)
     """
 )
@@ -71,6 +90,12 @@ def test_named_server_variables_train_as_passed_handles_do(run_report, tmp_path)
     named = run_report(COORDINATOR, timeout=400, args=[tmp_path / "named"])
     passed = run_report(COORDINATOR, timeout=400, args=[tmp_path / "passed"],
                         env={"TFGC_NAMED_SERVER_VARIABLES": "0"})
+    # Sparse Adam's slots named (not its step counter), its training unchanged: a slot
+    # reached through a second, captured handle was updated out of order.
+    assert named["sparse"]["unnamed_slots"] == 1, named["sparse"]
+    assert named["sparse"]["loss"] == passed["sparse"]["loss"], (named, passed)
+    np.testing.assert_allclose(named["sparse"]["weights"], passed["sparse"]["weights"],
+                               rtol=1e-6)
     named, passed = named["conv"], passed["conv"]
     assert named["unnamed"] == [], named
     # 6 momentum slots named; not the step counter, which tf_keras makes with the
