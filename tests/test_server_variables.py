@@ -119,7 +119,8 @@ def test_a_traced_step_makes_one_unordered_handle_per_named_variable():
     def step(flag):
         tf.debugging.Assert(flag, ["stateful, no resource input"])
         variable.assign_add([1.0, 1.0])
-        tf.cond(flag, lambda: variable.assign_add([10.0, 10.0]), lambda: variable.assign([0.0, 0.0]))
+        tf.cond(flag, lambda: variable.assign_add([10.0, 10.0]),
+                lambda: variable.assign([0.0, 0.0]))
         return variable.read_value() * 2.0
 
     np.testing.assert_array_equal(step(tf.constant(True)).numpy(), [24.0, 26.0])

@@ -64,9 +64,10 @@ class Schedule:
         float64, which costs O(L_t^2 K) instead of an SVD of the K x K covariance.
         """
         samples = tf.cast(tf.transpose(self.samples, [1, 0, 2]), tf.float64)  # [G, L, K]
-        mean = tf.reduce_mean(samples, axis=1)
-        if not self.settings.centred:  # see GradiVeQ's `centred`
-            mean = tf.zeros_like(mean)
+        if self.settings.centred:
+            mean = tf.reduce_mean(samples, axis=1)
+        else:  # see GradiVeQ's `centred`
+            mean = tf.zeros_like(samples[:, 0])
         centred = samples - mean[:, None, :]
         gram = tf.matmul(centred, centred, transpose_b=True)  # [G, L, L]
         eigenvalues, eigenvectors = tf.linalg.eigh(gram)  # ascending

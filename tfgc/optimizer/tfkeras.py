@@ -43,7 +43,7 @@ class _CompressingMixin(CompressingBase):
     def build(self, var_list):
         self.enable_pulls(var_list)  # all at once: one pull group per parameter server
         var_list = [self._master_of(v) for v in var_list]
-        with created_by_name():  # the slots (tfgc.server_variables, opt-in)
+        with created_by_name():  # the slots, reached by name (tfgc.server_variables)
             super().build(var_list)
         self._build_compression(var_list)
 

@@ -33,5 +33,11 @@ def copy_on(tensor, device):
 
 
 def _same_task(a, b):
-    a, b = tf.DeviceSpec.from_string(a or ""), tf.DeviceSpec.from_string(b or "")
-    return a.job is not None and (a.job, a.replica or 0, a.task or 0) == (b.job, b.replica or 0, b.task or 0)
+    a, b = _task(a), _task(b)
+    return a[0] is not None and a == b
+
+
+def _task(device):
+    """(job, replica, task) of a device string; replica and task default to 0."""
+    spec = tf.DeviceSpec.from_string(device or "")
+    return spec.job, spec.replica or 0, spec.task or 0

@@ -67,9 +67,7 @@ class _FusedWire(Wire):
         # Rows whose indices the destination holds already travel without them.
         held = [self._held_indices(destination, *pairs[unit[0]]) if len(unit) == 1 else None
                 for unit in units]
-        payloads = [self.sender.wire_batch_payload([pairs[i] for i in unit]) if len(unit) > 1
-                    else self.sender.wire_payload(*pairs[unit[0]]) if indices is None
-                    else self.sender.wire_values_payload(*pairs[unit[0]])
+        payloads = [self._encode([pairs[i] for i in unit], indices)
                     for unit, indices in zip(units, held)]
         layout, message = Layout.pack(payloads)
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
@@ -90,6 +88,15 @@ class _FusedWire(Wire):
         if destination is None or not self.sender.wire_values_alone(gradient, variable):
             return None
         return copy_on(gradient.indices, destination)
+
+    def _encode(self, pairs, indices):
+        """The payload of (gradient, variable) `pairs` that travel together (`indices`:
+        the destination's copy of a lone gradient's indices, if its rows go alone)."""
+        if len(pairs) > 1:
+            return self.sender.wire_batch_payload(pairs)
+        if indices is None:
+            return self.sender.wire_payload(*pairs[0])
+        return self.sender.wire_values_payload(*pairs[0])
 
     def _decode(self, payload, variables, indices):
         """The gradients of `variables` from their payload (`indices`: the
