@@ -44,7 +44,7 @@ from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_o
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.trackable import base as trackable
 
-from tfgc import server_variables
+from tfgc import moving_statistics, server_variables
 from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable
 
@@ -161,6 +161,7 @@ def _maybe_pulled(master, min_elements):
     # crossing (batch-norm statistics too, which Keras writes on every step).
     master = server_variables.by_name(master)
     if not (master.trainable and master.dtype.is_floating):
+        moving_statistics.install()  # Keras's batch-norm statistics: updated there
         return master
     if master.shape.num_elements() < min_elements:
         return master

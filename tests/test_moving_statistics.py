@@ -1,0 +1,82 @@
+"""tf_keras batch-norm moving statistics updated on their server (tfgc.moving_statistics).
+
+Locally, a layer whose moving statistics are `NamedServerVariable`s must train as
+the same layer with plain ones does (outputs equal, moving statistics equal up to
+float rounding, on the fused and the other path), and in its traced step every read
+of a moving statistic must be used on the statistic's own device only: under
+ParameterServerStrategy that is the server, so no statistic crosses to the worker.
+The cluster side (equal training, named or passed, and the bytes) is in
+test_server_variables.py and benchmarks/wire_breakdown.py.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from tfgc import moving_statistics
+from tfgc.server_variables import NamedServerVariable
+
+moving_statistics.install()
+
+
+def _layers(input_shape, named):
+    tf_keras.utils.set_random_seed(0)
+    layer = tf_keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+    layer.build(input_shape)
+    if named:
+        layer.moving_mean = NamedServerVariable(layer.moving_mean)
+        layer.moving_variance = NamedServerVariable(layer.moving_variance)
+    return layer
+
+
+@pytest.mark.parametrize("input_shape", [(8, 4, 4, 3), (8, 5)], ids=["fused", "dense"])
+def test_named_statistics_update_as_keras_updates_plain_ones(input_shape):
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(2.0, 3.0, size=input_shape).astype("float32") for _ in range(4)]
+    results = {}
+    for named in (False, True):
+        layer = _layers(input_shape, named)
+        step = tf.function(lambda x, layer=layer: layer(x, training=True))
+        outputs = [step(x).numpy() for x in batches]
+        results[named] = outputs, layer.moving_mean.numpy(), layer.moving_variance.numpy()
+    assert layer.fused == (len(input_shape) == 4)
+    for plain, named in zip(results[False][0], results[True][0]):
+        np.testing.assert_array_equal(named, plain)
+    # Keras's fused op computes (1 - f) v + f b where this computes v - (v - b) f:
+    # float rounding apart, the same statistics.
+    np.testing.assert_allclose(results[True][1], results[False][1], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(results[True][2], results[False][2], rtol=1e-6)
+    assert not np.allclose(results[True][1], 0.0)  # the statistics moved
+
+
+@pytest.mark.parametrize("input_shape", [(8, 4, 4, 3), (8, 5)], ids=["fused", "dense"])
+def test_reads_of_named_statistics_stay_on_their_device(input_shape):
+    layer = _layers(input_shape, named=True)
+    statistics = [layer.moving_mean, layer.moving_variance]
+
+    @tf.function
+    def step(x):
+        with tf.device("/device:CPU:0"):  # the step's device, as a worker's
+            return layer(x, training=True)
+
+    graph = step.get_concrete_function(tf.TensorSpec(input_shape)).graph
+    names = {v._resource_name for v in statistics}  # pylint: disable=protected-access
+    handles = [op.outputs[0] for op in graph.get_operations()
+               if op.type == "VarHandleOp" and op.get_attr("shared_name").decode() in names]
+    assert len(handles) == 2, handles
+    reads = [consumer for handle in handles for consumer in handle.consumers()
+             if consumer.type == "ReadVariableOp"]
+    assert reads, "the update reads the statistics"
+    for read in reads:
+        for consumer in read.outputs[0].consumers():
+            assert consumer.device == statistics[0].device, (consumer.type, consumer.device)
+
+
+def test_an_empty_batch_leaves_the_statistics_as_they_are():
+    variable = NamedServerVariable(tf.Variable([1.0, 2.0]))
+    update = tf.function(lambda value, size: moving_statistics.update_on_server(
+        [(variable, value)], 0.9, size))
+    update(tf.constant([np.nan, np.nan]), tf.constant(0))
+    np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])
+    update(tf.constant([11.0, 12.0]), tf.constant(4))
+    np.testing.assert_allclose(variable.numpy(), [2.0, 3.0], rtol=1e-6)
