@@ -120,16 +120,45 @@ def fds_to(worker, server):
 
 
 def sent_bytes(strace_path, fds):
-    """{fd: the bytes the traced process sent on it}, in order (partial writes cut)."""
-    streams = collections.defaultdict(bytearray)
+    """{fd: the bytes the traced process sent on it, in order (partial writes cut),
+    from its first write that starts a run of well-formed HTTP/2 frames}: the trace
+    begins wherever the process was, maybe inside a frame (a large tensor's), and
+    parsing from there would misread everything after."""
+    streams, writes = collections.defaultdict(bytearray), collections.defaultdict(list)
+    unfinished = {}  # thread -> the start of its call, which another thread's interrupted
     with open(strace_path) as f:
         for line in f:
-            match = _SENDMSG.search(line.rstrip())
+            thread, _, line = line.rstrip().partition(" ")
+            line = line.lstrip()
+            if line.endswith(" <unfinished ...>"):
+                unfinished[thread] = line[:-len(" <unfinished ...>")]
+                continue
+            if line.startswith("<... sendmsg resumed>"):
+                line = unfinished.pop(thread, "") + line[len("<... sendmsg resumed>"):]
+            match = _SENDMSG.search(line)
             if match and int(match.group(1)) in fds:
                 data = b"".join(bytes.fromhex(b.replace("\\x", ""))
                                 for b in _IOV.findall(match.group(2)))
-                streams[int(match.group(1))] += data[:int(match.group(3))]
-    return streams
+                fd = int(match.group(1))
+                writes[fd].append(len(streams[fd]))
+                streams[fd] += data[:int(match.group(3))]
+    return {fd: data[next((start for start in writes[fd] if frames_from(data, start)),
+                          len(data)):]
+            for fd, data in streams.items()}
+
+
+def frames_from(data, start):
+    """Whether `data` from `start` on reads as HTTP/2 frames to its end (the last
+    one may be cut by the end of the trace)."""
+    i = start
+    while i + 9 <= len(data):
+        kind, stream = data[i + 3], int.from_bytes(data[i + 5:i + 9], "big")
+        if kind > 9 or stream & 0x80000000:
+            return False
+        if (kind in (4, 6, 7) and stream) or (kind in (0, 1, 2, 3, 5, 9) and not stream):
+            return False  # settings, ping, goaway: connection; the rest on a stream
+        i += 9 + int.from_bytes(data[i:i + 3], "big")
+    return True
 
 
 def grpc_messages(data):

@@ -56,3 +56,32 @@ def test_a_partial_write_keeps_only_the_bytes_sent(tmp_path):
         '7 sendmsg(4, {msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base="\\x05", iov_len=1}], '
         'msg_iovlen=1, msg_controllen=0, msg_flags=0}, 0) = 1\n')
     assert wire_breakdown.sent_bytes(str(trace), {9}) == {9: bytearray(b"\x01\x02\x03")}
+
+
+def _sendmsg(fd, data, sent=None):
+    iov = "".join(f"\\x{b:02x}" for b in data)
+    return (f'sendmsg({fd}, {{msg_name=NULL, msg_namelen=0, msg_iov=[{{iov_base="{iov}", '
+            f'iov_len={len(data)}}}], msg_iovlen=1, msg_controllen=0, msg_flags=0}}, '
+            f'MSG_NOSIGNAL) = {len(data) if sent is None else sent}')
+
+
+def test_a_call_another_thread_interrupted_is_joined(tmp_path):
+    # strace -f splits a call that another thread's call overtakes in two lines.
+    first, second = frame(0, 1, grpc(b"a" * 30)), frame(0, 3, grpc(b"b" * 5))
+    head, _, result = _sendmsg(9, first).rpartition(" = ")
+    trace = tmp_path / "strace.out"
+    trace.write_text(f"41  {head} <unfinished ...>\n42  {_sendmsg(9, second)}\n"
+                     f"41  <... sendmsg resumed>)            = {result}\n")
+    assert wire_breakdown.sent_bytes(str(trace), {9}) == {9: bytearray(second + first)}
+
+
+def test_a_trace_that_begins_inside_a_frame_is_read_from_the_next_whole_one(tmp_path):
+    # The first write seen is the tail of a large tensor's frame, which began before
+    # the trace did; read from there, its bytes would pass for frame headers.
+    tail = b"\xff" * 9 + b"\x00\x10\x00\x00\x00\x00\x00\x00\x07"
+    frames = frame(1, 5, b"headers") + frame(0, 5, grpc(b"c" * 12))
+    trace = tmp_path / "strace.out"
+    trace.write_text(f"7  {_sendmsg(9, tail)}\n7  {_sendmsg(9, frames)}\n")
+    streams = wire_breakdown.sent_bytes(str(trace), {9})
+    assert streams == {9: bytearray(frames)}
+    assert wire_breakdown.grpc_messages(streams[9]) == [b"c" * 12]
