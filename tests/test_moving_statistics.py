@@ -8,6 +8,8 @@ ParameterServerStrategy that is the server, so no statistic crosses to the worke
 The cluster side (equal training, named or passed, and the bytes) is in
 test_server_variables.py and benchmarks/wire_breakdown.py.
 """
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -80,3 +82,46 @@ def test_an_empty_batch_leaves_the_statistics_as_they_are():
     np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])
     update(tf.constant([11.0, 12.0]), tf.constant(4))
     np.testing.assert_allclose(variable.numpy(), [2.0, 3.0], rtol=1e-6)
+
+
+def test_statistics_on_two_servers_are_updated_each_on_its_own(run_python):
+    # Round-robin placement may put a layer's mean and variance on two servers: each
+    # gets its own packed tensor, and its update is computed where it lives.
+    out = run_python("""
+import json
+import json
+
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+from tfgc import moving_statistics
+from tfgc.server_variables import NamedServerVariable
+
+variables = []
+for i, start in ((1, [1.0, 2.0]), (2, [10.0])):
+    with tf.device(f"/device:CPU:{i}"):
+        variables.append(NamedServerVariable(tf.Variable(start)))
+
+@tf.function
+def step(a, b):
+    with tf.device("/device:CPU:0"):
+        return moving_statistics.update_on_server(
+            [(variables[0], a), (variables[1], b)], 0.5)
+
+step(tf.constant([3.0, 4.0]), tf.constant([20.0]))
+graph = step.get_concrete_function(tf.TensorSpec([2]), tf.TensorSpec([1])).graph
+updates = [op for op in graph.get_operations() if op.type == "AssignSubVariableOp"]
+print(json.dumps({
+    "values": [v.numpy().tolist() for v in variables],
+    "devices": [v.device for v in variables],
+    "update_devices": sorted(op.inputs[1].op.device for op in updates),
+    "packed": len([op for op in graph.get_operations() if op.type == "ConcatV2"]),
+}))
+""", timeout=120)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["values"] == [[2.0, 3.0], [15.0]], report
+    assert report["update_devices"] == sorted(report["devices"]), report
+    assert report["devices"][0] != report["devices"][1], report
+    assert report["packed"] == 2, report

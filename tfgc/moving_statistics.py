@@ -7,12 +7,13 @@ statistic's value then crosses to the worker and its update crosses back: two
 transfers per statistic and step, each a request and a tensor (ResNet-20: 38
 statistics, ~13 KB each way of every step).
 
-For statistics that are `NamedServerVariable`s (those made in `tfgc.compressed_pulls()`),
-`install()` has the update computed on their server instead, with Keras's arithmetic
-(`v -= (v - batch) * (1 - momentum)`): only the batch's statistics cross, packed with
-the decay and Keras's "batch not empty" flag into one tensor (one transfer per layer
-on the fused path, per statistic on the other). Other variables, layers with batch
-renormalization or a mask, and eager code update as Keras does it.
+For statistics that are `NamedServerVariable`s (those made in
+`tfgc.compressed_pulls()`), `install()` has the update computed on their server
+instead, with Keras's arithmetic (`v -= (v - batch) * (1 - momentum)`): only the
+batch's statistics cross, packed with the decay and Keras's "batch not empty" flag
+into one tensor (one transfer per layer and server on the fused path, per statistic
+on the other). Other variables, layers with batch renormalization or a mask, and
+eager code update as Keras does it.
 """
 import sys
 
@@ -70,7 +71,7 @@ def _on_server(variable):
 
 def _fused_training_step(layer, inputs):
     """`layer`'s fused batch norm in training, as tf_keras computes it, with its moving
-    statistics updated on their server (one transfer for both)."""
+    statistics updated on their server (one transfer for both where they share one)."""
     param_shape, param_dtype = layer._param_shape, layer._param_dtype  # pylint: disable=protected-access
     gamma = layer.gamma if layer.scale else tf.ones(param_shape, param_dtype)
     beta = layer.beta if layer.center else tf.zeros(param_shape, param_dtype)
@@ -92,18 +93,29 @@ def _fused_training_step(layer, inputs):
 
 def update_on_server(updates, momentum, inputs_size=None):
     """`v -= (v - value) * (1 - momentum)` for each `(v, value)` of `updates`, computed
-    on the variables' server, and not at all where `inputs_size` (a batch size) is 0:
-    tf_keras's moving-average update, with one transfer from the step's device.
+    on each variable's server, and not at all where `inputs_size` (a batch size) is 0:
+    tf_keras's moving-average update, with one transfer per server from the step's
+    device.
 
     Args:
-      updates: (variable, value) pairs, the variables on one parameter server, each
-        value of its variable's shape.
+      updates: (variable, value) pairs, each value of its variable's shape.
       momentum: a float or scalar tensor.
       inputs_size: None, or the batch size as a scalar tensor.
 
     Returns:
       The last update's result, as `assign_sub` returns it.
     """
+    by_server = {}  # round-robin placement may put a layer's two statistics apart
+    for variable, value in updates:
+        by_server.setdefault(_on_server(variable).device, []).append((variable, value))
+    for device, pairs in by_server.items():
+        result = _update_on(device, pairs, momentum, inputs_size)
+    return result
+
+
+def _update_on(device, updates, momentum, inputs_size):
+    """`update_on_server` for variables on `device`: their values packed with the decay
+    and the "batch not empty" flag into one tensor, which is all that crosses."""
     variables = [variable for variable, _ in updates]
     dtype = variables[0].dtype.base_dtype
     decay = tf.cast(tf.convert_to_tensor(1.0 - momentum, name="decay"), dtype)
@@ -112,7 +124,7 @@ def update_on_server(updates, momentum, inputs_size=None):
     packed = tf.concat([tf.reshape(tf.cast(value, dtype), [-1]) for _, value in updates]
                        + [tf.stack([decay, applies])], axis=0)
     sizes = [variable.shape.num_elements() for variable in variables]
-    with tf.name_scope("AssignMovingAvg"), tf.device(_on_server(variables[0]).device):
+    with tf.name_scope("AssignMovingAvg"), tf.device(device):
         *values, decay, applies = tf.split(packed, sizes + [1, 1])
         for variable, value in zip(variables, values):
             delta = (variable - tf.reshape(value, variable.shape)) * decay[0]
