@@ -15,6 +15,7 @@ into one tensor (one transfer per layer and server on the fused path, per statis
 on the other). Other variables, layers with batch renormalization or a mask, and
 eager code update as Keras does it.
 """
+# pylint: disable=protected-access  (tf_keras's batch norm, from inside)
 import sys
 
 import tensorflow as tf
@@ -37,8 +38,8 @@ def install():
         from tf_keras.src.layers.normalization import batch_normalization
         from tf_keras.src.utils import control_flow_util
         layer_class = batch_normalization.BatchNormalizationBase
-        keras_fused = layer_class._fused_batch_norm  # pylint: disable=protected-access
-        keras_moving_average = layer_class._assign_moving_average  # pylint: disable=protected-access
+        keras_fused = layer_class._fused_batch_norm
+        keras_moving_average = layer_class._assign_moving_average
     except (ImportError, AttributeError):
         return
 
@@ -55,8 +56,8 @@ def install():
             return keras_moving_average(layer, variable, value, momentum, inputs_size)
         return update_on_server([(variable, value)], momentum, inputs_size)
 
-    layer_class._fused_batch_norm = _fused_batch_norm  # pylint: disable=protected-access
-    layer_class._assign_moving_average = _assign_moving_average  # pylint: disable=protected-access
+    layer_class._fused_batch_norm = _fused_batch_norm
+    layer_class._assign_moving_average = _assign_moving_average
     _installed = True
 
 
@@ -71,20 +72,19 @@ def _on_server(variable):
 
 def _fused_training_step(layer, inputs):
     """`layer`'s fused batch norm in training, as tf_keras computes it, with its moving
-    statistics updated on their server (one transfer for both where they share one)."""
-    param_shape, param_dtype = layer._param_shape, layer._param_dtype  # pylint: disable=protected-access
+    statistics updated on their server (one transfer for both, where they share it)."""
+    param_shape, param_dtype = layer._param_shape, layer._param_dtype
     gamma = layer.gamma if layer.scale else tf.ones(param_shape, param_dtype)
     beta = layer.beta if layer.center else tf.zeros(param_shape, param_dtype)
     # Without running statistics in, the op returns the batch's (the variance with
     # Bessel's correction, which Keras's moving variance does not have).
     outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
         inputs, gamma, beta, epsilon=layer.epsilon, is_training=True,
-        data_format=layer._data_format)  # pylint: disable=protected-access
-    if not layer._bessels_correction_test_only:  # pylint: disable=protected-access
+        data_format=layer._data_format)
+    if not layer._bessels_correction_test_only:
         count = tf.cast(tf.size(inputs) / tf.size(variance), variance.dtype)
         variance = variance * ((count - 1.0) / count)
-    batch_size = (tf.shape(inputs)[0] if layer._support_zero_size_input()  # pylint: disable=protected-access
-                  else None)
+    batch_size = tf.shape(inputs)[0] if layer._support_zero_size_input() else None
     layer.add_update(lambda: update_on_server(
         [(layer.moving_mean, mean), (layer.moving_variance, variance)],
         layer.momentum, batch_size))
