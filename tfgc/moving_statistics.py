@@ -15,7 +15,7 @@ into one tensor (one transfer per layer and server on the fused path, per statis
 on the other). Other variables, layers with batch renormalization or a mask, and
 eager code update as Keras does it.
 """
-# pylint: disable=protected-access  (tf_keras's batch norm, from inside)
+# pylint: disable=protected-access
 import sys
 
 import tensorflow as tf
