@@ -4,7 +4,8 @@ Locally, a layer whose moving statistics are `NamedServerVariable`s must train a
 the same layer with plain ones does (outputs equal, moving statistics equal up to
 float rounding, on the fused and the other path), and in its traced step every read
 of a moving statistic must be used on the statistic's own device only: under
-ParameterServerStrategy that is the server, so no statistic crosses to the worker.
+ParameterServerStrategy that is the server, so no statistic crosses to the worker;
+statistics on two servers are each updated on their own.
 The cluster side (equal training, named or passed, and the bytes) is in
 test_server_variables.py and benchmarks/wire_breakdown.py.
 """
