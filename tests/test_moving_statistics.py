@@ -90,7 +90,6 @@ def test_statistics_on_two_servers_are_updated_each_on_its_own(run_python):
     # gets its own packed tensor, and its update is computed where it lives.
     out = run_python("""
 import json
-import json
 
 import numpy as np
 import tensorflow as tf
