@@ -22,7 +22,7 @@ from tfgc.server_variables import NamedServerVariable
 moving_statistics.install()
 
 
-def _layers(input_shape, named):
+def _layer(input_shape, named):
     tf_keras.utils.set_random_seed(0)
     layer = tf_keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
     layer.build(input_shape)
@@ -38,7 +38,7 @@ def test_named_statistics_update_as_keras_updates_plain_ones(input_shape):
     batches = [rng.normal(2.0, 3.0, size=input_shape).astype("float32") for _ in range(4)]
     results = {}
     for named in (False, True):
-        layer = _layers(input_shape, named)
+        layer = _layer(input_shape, named)
         step = tf.function(lambda x, layer=layer: layer(x, training=True))
         outputs = [step(x).numpy() for x in batches]
         results[named] = outputs, layer.moving_mean.numpy(), layer.moving_variance.numpy()
@@ -54,7 +54,7 @@ def test_named_statistics_update_as_keras_updates_plain_ones(input_shape):
 
 @pytest.mark.parametrize("input_shape", [(8, 4, 4, 3), (8, 5)], ids=["fused", "dense"])
 def test_reads_of_named_statistics_stay_on_their_device(input_shape):
-    layer = _layers(input_shape, named=True)
+    layer = _layer(input_shape, named=True)
     statistics = [layer.moving_mean, layer.moving_variance]
 
     @tf.function
