@@ -46,7 +46,7 @@ def run_training(compression, args, out_dir, link=None):
         "--seed", str(args.seed),
         "--compression", compression, "--out", out_dir,
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
-        "--pull-compression", compression if args.pulls else "none",
+        "--pull-compression", pull_compression_of(compression, args),
         "--timeout", str(args.timeout), "--verbose", "2",
     ] + (["--bandwidth", link] if link else [])
     print(f"\n=== {compression}: {' '.join(command[1:])}", flush=True)
@@ -73,6 +73,22 @@ def run_training(compression, args, out_dir, link=None):
         summary = json.load(f)
     summary["link"] = link or "loopback"
     return summary
+
+
+def pull_compression_of(compression, args):
+    """The pulls' codec of the run whose pushes use `compression`: fp32 for the fp32 run
+    and under --no-pulls, else --pull-compression where given, else the push codec."""
+    if compression == "none" or not args.pulls:
+        return "none"
+    return args.pull_compression or compression
+
+
+def _label(summary):
+    """The compression column: the push codec, and the pulls' where they differ."""
+    pulls = summary.get("pull_compression", "none")
+    if pulls in ("none", summary["compression"]):
+        return summary["compression"]
+    return f"{summary['compression']}, pulls {pulls}"
 
 
 def _mb(n):
@@ -105,7 +121,7 @@ def results_table(summaries):
         b = base[s["link"]]
         up, down = s["socket_worker_to_ps_bytes_per_step"], s["socket_ps_to_worker_bytes_per_step"]
         lines.append(
-            f"| {s['link']} | {s['compression']} | {s['test_accuracy']:.4f} "
+            f"| {s['link']} | {_label(s)} | {s['test_accuracy']:.4f} "
             f"| {s['final_train_loss']:.3f} | {_mb(up)} | {_mb(down)} "
             f"| {b['socket_worker_to_ps_bytes_per_step'] / up:.1f}x "
             f"| {b['socket_ps_to_worker_bytes_per_step'] / down:.1f}x "
@@ -155,6 +171,10 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-pulls", dest="pulls", action="store_false",
                         help="compress pushes only (model pulls stay fp32)")
+    parser.add_argument("--pull-compression",
+                        help="the pulls' codec in every compressed run, e.g. "
+                             "threelc:sparsity=1.0 under pushes at sparsity=1.75 "
+                             "(default: the run's push codec; the fp32 run stays fp32)")
     parser.add_argument("--steps", type=int, default=120, help="worker steps per run")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -172,6 +192,8 @@ def main(argv=None):
                              "(tc units) where the machine allows it; none: loopback only")
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)
+    if args.pull_compression and not args.pulls:
+        parser.error("--pull-compression and --no-pulls contradict each other")
 
     from tfgc import cluster
 
@@ -188,7 +210,9 @@ def main(argv=None):
     summaries, run_dirs = [], []
     for link in links:
         for compression in args.compressions:
-            name = compression.replace(":", "_").replace("=", "").replace(",", "_")
+            pulls = pull_compression_of(compression, args)
+            name = compression + ("" if pulls in ("none", compression) else "_pulls_" + pulls)
+            name = name.replace(":", "_").replace("=", "").replace(",", "_")
             run_dirs.append(os.path.join(args.out, name + (f"_{link}" if link else "")))
             summaries.append(run_training(compression, args, run_dirs[-1], link))
     from models import plots

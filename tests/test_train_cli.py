@@ -3,6 +3,7 @@
 Each run is a child process (`python -m models.train`), as users run it: PSS changes the
 eager context of the process that creates it, and mwms starts worker processes.
 """
+import argparse
 import csv
 import json
 import os
@@ -93,6 +94,30 @@ def test_demo_table_gives_each_first_epoch_against_fp32s():
     rows = cluster_demo.results_table([fp32, threelc, unknown]).splitlines()[2:]
     column = rows[0].split(" | ").index("8.0 (1.00x)")
     assert [row.split(" | ")[column] for row in rows] == ["8.0 (1.00x)", "10.0 (1.25x)", "-"]
+
+
+def test_demo_pulls_use_their_own_codec_only_in_compressed_runs():
+    from models import cluster_demo
+
+    def pulls(compression, *argv):
+        parser_args = argparse.Namespace(pulls="--no-pulls" not in argv, pull_compression=None)
+        if "--pull-compression" in argv:
+            parser_args.pull_compression = argv[argv.index("--pull-compression") + 1]
+        return cluster_demo.pull_compression_of(compression, parser_args)
+
+    s175, s1 = "threelc:sparsity=1.75", "threelc:sparsity=1.0"
+    assert pulls(s175) == s175
+    assert pulls(s175, "--pull-compression", s1) == s1
+    assert pulls("none", "--pull-compression", s1) == "none"
+    assert pulls(s175, "--no-pulls") == "none"
+    with pytest.raises(SystemExit):
+        cluster_demo.main(["--no-pulls", "--pull-compression", s1])
+    row = {"link": "loopback", "compression": s175, "pull_compression": s1,
+           "test_accuracy": 0.5, "final_train_loss": 1.0,
+           "socket_worker_to_ps_bytes_per_step": 1e6, "socket_ps_to_worker_bytes_per_step": 1e6,
+           "payload_ratio": 1.0, "step_time_s": 0.4, "train_time_s": 50}
+    label = cluster_demo.results_table([row]).splitlines()[2].split(" | ")[1]
+    assert label == f"{s175}, pulls {s1}"
 
 
 def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
