@@ -149,6 +149,31 @@ def test_two_pulling_optimizers_leave_the_start_to_a_build():
     assert other.pull_compression is not None  # alive until here: two candidates
 
 
+def test_a_built_optimizer_leaves_a_later_models_pulls_to_its_own_optimizer():
+    x, y = _digits()
+    loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with tfgc.compressed_pulls():
+        first = _model()
+    first_opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                          pull_compression=C.ThreeLC(1.0))
+    first.compile(first_opt, loss)
+    first.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+    first_pulled = int(first_opt.traffic["pull_bytes"].numpy())
+    with tfgc.compressed_pulls():
+        second = _model()  # built symbolically: reads its weights while only first_opt exists
+    second_opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                           compression=C.ThreeLC(1.0),
+                                           pull_compression=C.ThreeLC(1.75))
+    second.compile(second_opt, loss)
+    history = second.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    pulled = [v for v in second.trainable_variables if isinstance(v, PulledVariable)]
+    assert len(pulled) == 4
+    assert [v.pull_codec.sparsity for v in pulled if second_opt.compresses(v.master)] == [1.75] * 2
+    assert int(second_opt.traffic["pull_bytes"].numpy()) > 0
+    assert int(first_opt.traffic["pull_bytes"].numpy()) == first_pulled
+
+
 def test_checkpoint_holds_the_master(tmp_path):
     v = tfgc.get_variable("w", [8, 8], initializer="ones")
     tf.train.Checkpoint(v=v).write(str(tmp_path / "ckpt"))

@@ -25,8 +25,8 @@ Use `get_variable` for variables you create yourself, or `compressed_pulls()` ar
 model construction so that a Keras model's own weights are created this way. Pulls
 are compressed with the `pull_compression` codec of the `DistributedOptimizer` that
 builds with these variables, or, at the first traced step, of the one
-`DistributedOptimizer` with `pull_compression` made under the same strategy; until
-then, reads go to the master uncompressed.
+`DistributedOptimizer` with `pull_compression` made under the same strategy and not yet
+built; until then, reads go to the master uncompressed.
 Under ParameterServerStrategy the cache is a per-worker variable; with no strategy
 the same mechanism runs in one process (one worker) so accuracy can be studied
 locally. Under all-reduce strategies there are no pulls and variables are created
@@ -64,12 +64,14 @@ def register_puller(optimizer):
 
 
 def _start_pulls():
-    """Has the current strategy's one pulling optimizer start the pulls of every
-    PulledVariable made under the strategy (one group per parameter server). Nothing
-    happens when there is no such optimizer, or more than one (then the optimizer
-    that builds with the variables starts them)."""
+    """Has the current strategy's one pulling optimizer not yet built start the pulls of
+    every PulledVariable made under the strategy (one group per parameter server).
+    Nothing happens when there is no such optimizer, or more than one (then the
+    optimizer that builds with the variables starts them). A built optimizer is left
+    out: its variables are fixed, so a later model's belong to another optimizer (its
+    construction reads them before that optimizer exists)."""
     strategy = tf.distribute.get_strategy()
-    pullers = list(_pullers.get(strategy, ()))
+    pullers = [p for p in _pullers.get(strategy, ()) if not p.built_compression]
     if len(pullers) != 1:
         return
     waiting = [v for v in (ref() for ref in _not_started.pop(strategy, ()))

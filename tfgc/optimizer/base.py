@@ -84,6 +84,12 @@ class CompressingBase:
         if pull_compression is not None:
             register_puller(self)
 
+    @property
+    def built_compression(self):
+        """Whether the codecs and counters of this optimizer's variables exist: once they
+        do, its variables are fixed."""
+        return self._traffic is not None
+
     def _variable_index(self, variable):
         """The variable's position in the optimizer (as for its slots)."""
         raise NotImplementedError
