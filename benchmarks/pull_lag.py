@@ -39,7 +39,7 @@ def measure(sparsity, args):
     import tfgc
     from models import train_args, workloads
 
-    tf.keras.utils.set_random_seed(args.seed)
+    tf_keras.utils.set_random_seed(args.seed)
     options = train_args.build_parser().parse_args([
         "--model", "resnet20", "--dataset", args.dataset, "--allow-substitute",
         "--train-limit", str(args.train_limit), "--test-limit", "250",
