@@ -33,7 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def measure(sparsity, args):
     """Trains with pulls compressed by ThreeLC(sparsity); returns the run's record."""
-    import tensorflow as tf
     import tf_keras
 
     import tfgc
@@ -50,12 +49,12 @@ def measure(sparsity, args):
         model = workload.build_model(0.0)
     optimizer = tfgc.DistributedOptimizer(
         workload.inner_optimizer(args.lr, args.steps), compression=tfgc.codecs.NoCompression(),
-        pull_compression=tfgc.codecs.ThreeLC(sparsity), error_feedback=False, small_compression=None)
+        pull_compression=tfgc.codecs.ThreeLC(sparsity), error_feedback=False,
+        small_compression=None)
     optimizer.build(model.trainable_variables)
     model.compile(optimizer, workload.loss())
     pulled = [v for v in model.trainable_variables
-              if isinstance(v, tfgc.variables.PulledVariable)
-              and v.shape.num_elements() >= optimizer.min_elements]
+              if isinstance(v, tfgc.variables.PulledVariable) and optimizer.compresses(v.master)]
     if not pulled:
         raise RuntimeError("no variable is pulled compressed: nothing to measure")
 
@@ -112,7 +111,8 @@ def main(argv=None):
     for sparsity in args.sparsity:
         print(f"[pull_lag] ThreeLC({sparsity}) pulls, {args.steps} steps ...", flush=True)
         records.append(measure(sparsity, args))
-    print("\n| pulls | lag (steps of updates, rms) | pull payload ratio | train loss, last 50 steps |")
+    print("\n| pulls | lag (steps of updates, rms) | pull payload ratio "
+          "| train loss, last 50 steps |")
     print("|---|---|---|---|")
     for r in records:
         print(f"| ThreeLC({r['sparsity']}) | {r['mean_lag_second_half']:.1f} "

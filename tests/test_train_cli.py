@@ -99,17 +99,15 @@ def test_demo_table_gives_each_first_epoch_against_fp32s():
 def test_demo_pulls_use_their_own_codec_only_in_compressed_runs():
     from models import cluster_demo
 
-    def pulls(compression, *argv):
-        parser_args = argparse.Namespace(pulls="--no-pulls" not in argv, pull_compression=None)
-        if "--pull-compression" in argv:
-            parser_args.pull_compression = argv[argv.index("--pull-compression") + 1]
-        return cluster_demo.pull_compression_of(compression, parser_args)
+    def pulls(compression, pulls=True, pull_compression=None):
+        options = argparse.Namespace(pulls=pulls, pull_compression=pull_compression)
+        return cluster_demo.pull_compression_of(compression, options)
 
     s175, s1 = "threelc:sparsity=1.75", "threelc:sparsity=1.0"
     assert pulls(s175) == s175
-    assert pulls(s175, "--pull-compression", s1) == s1
-    assert pulls("none", "--pull-compression", s1) == "none"
-    assert pulls(s175, "--no-pulls") == "none"
+    assert pulls(s175, pull_compression=s1) == s1
+    assert pulls("none", pull_compression=s1) == "none"
+    assert pulls(s175, pulls=False) == "none"
     with pytest.raises(SystemExit):
         cluster_demo.main(["--no-pulls", "--pull-compression", s1])
     row = {"link": "loopback", "compression": s175, "pull_compression": s1,
