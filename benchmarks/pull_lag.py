@@ -42,8 +42,8 @@ def measure(sparsity, args):
     options = train_args.build_parser().parse_args([
         "--model", "resnet20", "--dataset", args.dataset, "--allow-substitute",
         "--train-limit", str(args.train_limit), "--test-limit", "250",
-        "--steps", str(args.steps), "--seed", str(args.seed), "--strategy", "local"])
-    options.lr = args.lr
+        "--steps", str(args.steps), "--seed", str(args.seed), "--lr", str(args.lr),
+        "--strategy", "local"])
     workload = workloads.ImageWorkload(options)
     with tfgc.compressed_pulls():
         model = workload.build_model(0.0)
