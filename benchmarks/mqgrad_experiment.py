@@ -1,12 +1,21 @@
-"""MQGrad vs fixed and adaptive bits: training loss against modelled time.
+"""MQGrad vs fixed and adaptive bits: training loss against modelled or measured time.
 
 Trains the same small CNN (MQGrad's architecture, narrower) on a real image dataset
-once per method, in one process, with gradients quantized by `tfgc.DistributedOptimizer`
-(no strategy: encode and decode locally, so the accuracy effect is exact). Time is
-modelled, not measured: every iteration costs a fixed compute time plus the bytes it
-pushed (as counted by the optimizer) both ways over a slow link (`TimeModel`), so the
-comparison is the paper's trade-off and does not depend on this machine's load. Each
-method trains until the same modelled time budget is spent.
+once per method, with gradients quantized by `tfgc.DistributedOptimizer`. Each method
+trains until the same time budget is spent. Time is either
+
+* modelled (the default): one process, no strategy (encode and decode locally, so the
+  accuracy effect is exact); every iteration costs a fixed compute time plus the bytes
+  it pushed (as counted by the optimizer) both ways over a slow link (`TimeModel`), so
+  the comparison is the paper's trade-off and does not depend on this machine's load;
+* or measured (`--link 10mbit`): a real ParameterServerStrategy cluster on loopback
+  (1 parameter server, 1 worker, `tfgc.cluster` with its links shaped by tc), wall
+  time from the end of the first step. MQGrad's agent sees the same wall time. Pulls
+  are compressed with `--pull-compression` (3LC by default), the same for every
+  method: in fp32 the model's 2.8 MB would take over 2 s per step at 10 Mbit/s and
+  drown the pushes' differences. The paper's server instead returns the averaged
+  gradient quantized with the pushes' bits. One seed and one method per process;
+  `--combine` joins the JSON files.
 
 Methods: Fix(2), Fix(4), Fix(8) (`Quantize(bits=k)`; any Fix(k), k = 2..8, on request),
 Adaptive (`AdaptiveQuantize`), MQGrad (`Quantize` + the `MQGrad` callback with tfgc's
@@ -18,12 +27,16 @@ spec, reported under the spec.
     python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
     python benchmarks/mqgrad_experiment.py --budget-s 200 --seeds 0 \
         --methods "Fix(4)" MQGrad MQGrad:initial_bits=4 --loss-targets 0.6
+    python benchmarks/mqgrad_experiment.py --link 10mbit --budget-s 240 --seeds 0 \
+        --methods MQGrad --out /tmp/mq/seed0_mqgrad         # measured; root, tc
 """
 import argparse
+import contextlib
 import json
 import os
 import re
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -34,12 +47,17 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import tfgc  # noqa: E402
+from models.train_args import parse_compression  # noqa: E402
+from tfgc import cluster as cluster_lib  # noqa: E402
 from tfgc import mqgrad  # noqa: E402
 from tfgc.wire.message import fused_nbytes  # noqa: E402
 
 METHODS = ("Fix(2)", "Fix(4)", "Fix(8)", "Adaptive", "MQGrad")
 FIXED_BITS = re.compile(r"Fix\([2-8]\)")  # any fixed width, e.g. Fix(3), beside the paper's
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Measured runs: how long past the time budget the cluster's servers may live (start,
+# the first step's tracing, the test).
+CLUSTER_SLACK_S = 600
 
 
 def load(name, limit, test_limit):
@@ -71,17 +89,24 @@ def build_model(input_shape, num_classes, seed):
     ])
 
 
-class ModelledClock(tf_keras.callbacks.Callback):
-    """Charges every step compute + bytes / bandwidth and stops at the time budget.
+class StepClock(tf_keras.callbacks.Callback):
+    """Times every step and stops at the time budget.
 
-    Records per step: modelled time so far (s), batch loss, bytes pushed, wall time.
+    With a `time_model` a step costs compute + bytes / bandwidth (modelled time); without
+    one, the wall time since the end of the first step (measured time; the first step
+    traces the functions). Records per step: time so far (s), batch loss, bytes pushed,
+    bits per compressed value, wall ms.
     """
 
     def __init__(self, optimizer, time_model, budget_s, dense_fraction_bytes):
         super().__init__()
+        # Under ParameterServerStrategy the logs are one RemoteValue; fetching it waits
+        # for the step, so every step is timed to its end.
+        self._supports_tf_logs = True
         self.optimizer, self.time_model, self.budget_s = optimizer, time_model, budget_s
         self.uncompressed_bytes, self.compressed_values = dense_fraction_bytes
         self.rows, self.elapsed_s, self._last_bytes, self._previous = [], 0.0, 0, None
+        self._measured_from = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._previous = None
@@ -90,21 +115,63 @@ class ModelledClock(tf_keras.callbacks.Callback):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        wall_ms = 1000 * (time.perf_counter() - self._start)
+        values = logs.fetch() if hasattr(logs, "fetch") else logs
+        finished = time.perf_counter()
+        wall_ms = 1000 * (finished - self._start)
         pushed = int(self.optimizer.traffic["push_bytes"].numpy())
         step_bytes, self._last_bytes = pushed - self._last_bytes, pushed
-        mean = float(logs["loss"])
+        mean = float(values["loss"])
         if self._previous is None:
             loss = mean
         else:  # Keras logs the epoch's running mean
             seen, previous = self._previous
             loss = ((batch + 1) * mean - seen * previous) / (batch + 1 - seen)
         self._previous = (batch + 1, mean)
-        self.elapsed_s += self.time_model.cost_ms(wall_ms, step_bytes) / 1000.0
+        if self.time_model is not None:
+            self.elapsed_s += self.time_model.cost_ms(wall_ms, step_bytes) / 1000.0
+        elif self._measured_from is None:
+            self._measured_from = finished
+        else:
+            self.elapsed_s = finished - self._measured_from
         bits = 8.0 * (step_bytes - self.uncompressed_bytes) / self.compressed_values
         self.rows.append((self.elapsed_s, loss, step_bytes, bits, wall_ms))
         if self.elapsed_s >= self.budget_s:
             self.model.stop_training = True
+
+
+def record_file_dataset(x, y, path):
+    """The (image, label) pairs of `x` and `y` as a dataset read from a file at `path`.
+
+    Under ParameterServerStrategy the worker builds the input pipeline. A dataset made
+    from in-memory arrays would carry them inside its graph, across the emulated link;
+    a file on this machine is read by the worker locally, as a real worker reads its
+    shard of the data.
+    """
+    image_bytes = int(np.prod(x.shape[1:]))
+    records = np.concatenate(
+        [np.round(x.reshape(len(x), -1) * 255.0).astype(np.uint8),
+         y.astype(np.uint8).reshape(-1, 1)], axis=1)
+    records.tofile(path)
+    shape = x.shape[1:]
+
+    def parse(record):
+        values = tf.io.decode_raw(record, tf.uint8)
+        image = tf.reshape(tf.cast(values[:image_bytes], tf.float32) / 255.0, shape)
+        return image, tf.cast(values[image_bytes], y.dtype)
+
+    return tf.data.FixedLengthRecordDataset(path, image_bytes + 1).map(parse)
+
+
+REPLICATE_SUFFIX = re.compile(r", replicate \d+$")
+
+
+def replicate_label(spec, replicate):
+    """The name a run is reported under: "Fix(3), replicate 1" for another data order.
+
+    A replicate of a fixed width is not a fixed width in the summaries: it is compared
+    with them, which measures how often an exactly-as-good method misses a bound.
+    """
+    return f"{spec}, replicate {replicate}" if replicate else spec
 
 
 def parse_method(spec):
@@ -126,49 +193,87 @@ def parse_method(spec):
 
 def run(spec, data, args, seed):
     method, agent_kwargs = parse_method(spec)
+    if not args.link:
+        return _train(method, agent_kwargs, spec, data, args, seed,
+                      tf.distribute.get_strategy(), records=None)
+    with tempfile.TemporaryDirectory(prefix="mqgrad-records-") as records:
+        cluster = cluster_lib.LocalCluster(
+            num_ps=1, num_workers=1, bandwidth=args.link,
+            timeout_s=args.budget_s + CLUSTER_SLACK_S).start()
+        try:
+            strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
+            return _train(method, agent_kwargs, spec, data, args, seed, strategy,
+                          os.path.join(records, "train.bin"))
+        finally:
+            cluster.stop()
+
+
+def _train(method, agent_kwargs, spec, data, args, seed, strategy, records):
+    """One run under `strategy`; `records`: where a measured run writes its training file."""
     _, x, y, x_test, y_test = data
-    model = build_model(x.shape[1:], int(y.max()) + 1, seed)
-    if method.startswith("Fix"):
-        codec = tfgc.codecs.Quantize(bits=int(method[4]))
-    elif method == "Adaptive":
-        codec = mqgrad.AdaptiveQuantize(rho=args.rho)
-    else:
-        codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))  # the agent sets it
-    optimizer = tfgc.DistributedOptimizer(
-        tf_keras.optimizers.SGD(args.lr), compression=codec, min_elements=args.min_elements,
-        error_feedback=False)
-    model.compile(optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    measured = records is not None
+    with strategy.scope():
+        # Under ParameterServerStrategy the codec's bits variable (MQGrad's) and the
+        # weights live on the parameter server; the worker reads them there.
+        if method.startswith("Fix"):
+            codec = tfgc.codecs.Quantize(bits=int(method[4]))
+        elif method == "Adaptive":
+            codec = mqgrad.AdaptiveQuantize(rho=args.rho)
+        else:
+            codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))  # the agent sets it
+        pull_codec = parse_compression(args.pull_compression) if measured else None
+        with tfgc.compressed_pulls() if measured else contextlib.nullcontext():
+            model = build_model(x.shape[1:], int(y.max()) + 1, seed)
+        optimizer = tfgc.DistributedOptimizer(
+            tf_keras.optimizers.SGD(args.lr), compression=codec, min_elements=args.min_elements,
+            error_feedback=False, pull_compression=pull_codec)
+        optimizer.build(model.trainable_variables)  # compressed pulls start at build
+        model.compile(optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
     compressed = [v for v in model.trainable_variables if optimizer.compresses(v)]
     # What the small tensors' codec (float16 by default) pushes, as the optimizer counts it.
     uncompressed_bytes = sum(
         fused_nbytes(optimizer.wire_codec(v).encode, tf.zeros(v.shape, v.dtype))
         for v in model.trainable_variables if not optimizer.compresses(v))
     compressed_values = sum(v.shape.num_elements() for v in compressed)
-    time_model = mqgrad.TimeModel(args.bandwidth, compute_ms=args.compute_ms)
-    clock = ModelledClock(optimizer, time_model, args.budget_s,
-                          (uncompressed_bytes, compressed_values))
+    time_model = None if measured else mqgrad.TimeModel(args.bandwidth, compute_ms=args.compute_ms)
+    clock = StepClock(optimizer, time_model, args.budget_s,
+                      (uncompressed_bytes, compressed_values))
     callbacks = [clock]
     agent = None
     if method == "MQGrad":
         agent_kwargs = {"T": 5, **agent_kwargs}
         agent = tfgc.callbacks.MQGrad(optimizer, seed=seed, time_model=time_model, **agent_kwargs)
         callbacks.insert(0, agent)
-    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed)
-               .repeat().batch(args.batch_size).prefetch(2))
+    if measured:
+        dataset = record_file_dataset(x, y, records)
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    order_seed = seed + args.replicate
+    dataset = dataset.shuffle(len(x), seed=order_seed).repeat().batch(args.batch_size).prefetch(2)
     started = time.perf_counter()
     model.fit(dataset, epochs=1, steps_per_epoch=args.max_steps, verbose=0, callbacks=callbacks)
     seconds = time.perf_counter() - started
-    test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
+    test_model = model
+    if measured:  # tested on the coordinator, on a copy of the trained weights
+        test_model = build_model(x.shape[1:], int(y.max()) + 1, seed)
+        test_model.set_weights(model.get_weights())
+        test_model.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                           metrics=["accuracy"])
+    test_loss, test_accuracy = test_model.evaluate(x_test, y_test, batch_size=500, verbose=0)
     rows = np.array(clock.rows)
     result = {
-        "method": spec, "seed": seed, "steps": len(rows), "wall_s": seconds,
+        "method": replicate_label(spec, args.replicate), "seed": seed,
+        "steps": len(rows), "wall_s": seconds,
         "time_s": rows[:, 0].tolist(), "loss": rows[:, 1].tolist(),
         "step_bytes": rows[:, 2].tolist(), "bits": rows[:, 3].tolist(),
         "median_step_ms": float(np.median(rows[1:, 4])),
         "test_loss": float(test_loss), "test_accuracy": float(test_accuracy),
         "compressed_values": compressed_values, "uncompressed_bytes": uncompressed_bytes,
     }
+    if measured:
+        traffic = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
+        result["pull_bytes_per_step"] = traffic["pull_bytes"] / len(rows)
     if agent is not None:
         overhead = np.array([s["seconds"] for s in agent.steps[1:]]) * 1e6
         result.update(
@@ -178,7 +283,7 @@ def run(spec, data, args, seed):
             state_bits=[s["state_bits"] for s in agent.steps],
             rewards=[s["reward"] for s in agent.steps[1:]],
         )
-    print(f"  {spec:9s} seed {seed}: {len(rows)} steps in {seconds:.0f} s wall, "
+    print(f"  {result['method']:9s} seed {seed}: {len(rows)} steps in {seconds:.0f} s wall, "
           f"smoothed loss {ema(trusted_losses(rows[:, 1]))[-1]:.3f}, test acc {test_accuracy:.3f}", flush=True)
     return result
 
@@ -253,10 +358,10 @@ def plot(results, args, path):
         curves = np.array([on_grid(r, grid) for r in results if r["method"] == method])
         # the median: one diverging seed does not hide the others
         left.plot(grid, np.nanmedian(curves, axis=0), label=method, color=colors[method])
-    left.set_xlabel(f"modelled time (s): {args.compute_ms:g} ms compute + bytes / "
-                    f"{args.bandwidth / 1e6:g} MB/s, both ways")
+    clock = time_axis(args)
+    left.set_xlabel(clock)
     left.set_ylabel("training loss (EMA)")
-    left.set_title(f"loss vs modelled time (median of {len(args.seeds)} seed(s))")
+    left.set_title(f"loss vs {clock.split(' (')[0]} (median of {len(args.seeds)} seed(s))")
     left.set_ylim(0.2, 1.5)  # the first seconds fall from ~2.3 for every method
     left.legend(fontsize=8)
     for r in results:  # the first seed only: one line per method stays readable
@@ -265,7 +370,7 @@ def plot(results, args, path):
         if r["method"].startswith("MQGrad") or r["method"] == "Adaptive":
             right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.8,
                        label=r["method"])
-    right.set_xlabel("modelled time (s)")
+    right.set_xlabel(clock.split(":")[0])
     right.set_ylabel("bits per value (quantized layers)")
     right.set_title(f"bits over time (seed {args.seeds[0]})")
     right.set_ylim(1.5, 8.5)
@@ -274,8 +379,16 @@ def plot(results, args, path):
     fig.savefig(path, dpi=110)
 
 
+def time_axis(args):
+    """What the runs' time is: "modelled time (s): ..." or "measured time (s): ..."."""
+    if args.link:
+        return f"measured time (s): 1 PS + 1 worker, links shaped to {args.link}"
+    return (f"modelled time (s): {args.compute_ms:g} ms compute + bytes / "
+            f"{args.bandwidth / 1e6:g} MB/s, both ways")
+
+
 def time_to(result, level):
-    """Modelled time at which the loss EMA first reaches `level` (inf if never)."""
+    """Time (modelled or measured) at which the loss EMA first reaches `level` (inf if never)."""
     below = np.nonzero(ema(trusted_losses(result["loss"])) <= level)[0]
     return result["time_s"][below[0]] if below.size else float("inf")
 
@@ -410,7 +523,8 @@ def main(argv=None):
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--limit", type=int, default=20000)
     parser.add_argument("--test-limit", type=int, default=5000)
-    parser.add_argument("--budget-s", type=float, default=60.0, help="modelled seconds per run")
+    parser.add_argument("--budget-s", type=float, default=60.0,
+                        help="seconds per run (modelled; measured with --link)")
     parser.add_argument("--max-steps", type=int, default=100000)
     parser.add_argument("--bandwidth", type=float, default=10e6, help="bytes/s (paper: 10 MB/s)")
     parser.add_argument("--compute-ms", type=float, default=30.0)
@@ -425,15 +539,46 @@ def main(argv=None):
                              f"(default: {' '.join(METHODS)}; with --combine: only these runs)")
     parser.add_argument("--loss-targets", type=float, nargs="+", default=[1.0, 0.8],
                         help="loss EMA levels whose time to reach the summary reports")
+    parser.add_argument("--replicate", type=int, default=0, metavar="K",
+                        help="shuffle the data with seed + K instead of the seed (the model "
+                             "starts the same); runs are reported as 'METHOD, replicate K'")
+    parser.add_argument("--link", metavar="RATE",
+                        help="measure time instead of modelling it: train on a loopback "
+                             "cluster (1 parameter server, 1 worker) whose links are shaped "
+                             "to RATE (tc units, e.g. 10mbit; needs root); one seed and one "
+                             "method per process")
+    parser.add_argument("--pull-compression", default="threelc:sparsity=1.0",
+                        help="with --link: the pulls' codec (every run pulls the same way)")
     parser.add_argument("--out", default=os.path.join(HERE, "mqgrad_experiment"))
     parser.add_argument("--combine", nargs="+", metavar="JSON",
                         help="no training: plot and summarize the runs saved in these files")
     args = parser.parse_args(argv)
     for spec in args.methods or ():  # a typo fails now, not after an hour of other runs
         try:
-            parse_method(spec)
+            parse_method(REPLICATE_SUFFIX.sub("", spec) if args.combine else spec)
         except ValueError as error:
             parser.error(str(error))
+    if args.link and not args.combine:
+        # One ParameterServerStrategy per process: TensorFlow connects a process to one
+        # cluster.
+        if len(args.seeds) != 1 or len(args.methods or METHODS) != 1:
+            parser.error("--link runs one seed and one method per process "
+                         "(--seeds S --methods M); --combine joins them")
+        try:
+            cluster_lib.parse_rate(args.link)
+            parse_compression(args.pull_compression)
+        except ValueError as error:
+            parser.error(str(error))
+        reason = cluster_lib.emulation_unavailable()
+        if reason:
+            parser.error(f"--link: {reason}")
+        # Keep the cluster unreachable from other hosts. The private namespace reaches no
+        # package registry, so the data is fetched first.
+        if not cluster_lib.in_private_network():
+            from models import data as data_lib
+
+            data_lib.prefetch(args.dataset)
+        cluster_lib.isolate()
     if args.combine:
         results = []
         for path in args.combine:
@@ -445,6 +590,7 @@ def main(argv=None):
         args.seeds = sorted({r["seed"] for r in results})
         args.budget_s = saved["args"]["budget_s"]
         args.bandwidth, args.compute_ms = saved["args"]["bandwidth"], saved["args"]["compute_ms"]
+        args.link = saved["args"].get("link")
         plot(results, args, args.out + ".png")
         print(summarize(results, args))
         defaults = mqgrad.MQGradAgent(seed=0).config
@@ -459,6 +605,7 @@ def main(argv=None):
                       f"{changes(r)}")
         return
     args.methods = args.methods or list(METHODS)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tf.config.threading.set_inter_op_parallelism_threads(2)
 
     median, p90, plain = agent_overhead()

@@ -1,13 +1,19 @@
-"""The analysis helpers of benchmarks/mqgrad_experiment.py, on made-up runs."""
+"""benchmarks/mqgrad_experiment.py: its analysis helpers on made-up runs, its clock and
+input file, and the options of measured runs."""
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from tfgc import mqgrad
+from tfgc import cluster, mqgrad
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "mqgrad_experiment.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PATH = os.path.join(REPO, "benchmarks", "mqgrad_experiment.py")
 _spec = importlib.util.spec_from_file_location("mqgrad_experiment", _PATH)
 experiment = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(experiment)
@@ -71,3 +77,93 @@ def test_any_fixed_width_is_a_method(spec):
 def test_other_methods_are_refused(spec):
     with pytest.raises(ValueError):
         experiment.parse_method(spec)
+
+
+def test_record_file_dataset_gives_back_the_images_and_labels(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (7, 4, 4, 1)).astype(np.float32) / 255.0
+    y = rng.integers(0, 10, 7).astype(np.int64)
+    dataset = experiment.record_file_dataset(x, y, str(tmp_path / "train.bin"))
+    pairs = [(image.numpy(), label.numpy()) for image, label in dataset]
+    assert len(pairs) == 7
+    np.testing.assert_array_equal(np.stack([p[0] for p in pairs]), x)
+    np.testing.assert_array_equal([p[1] for p in pairs], y)
+    assert pairs[0][1].dtype == np.int64
+
+
+def test_a_measured_clock_starts_after_the_first_step_and_stops_at_the_budget():
+    import tensorflow as tf
+    import tf_keras
+
+    import tfgc
+
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+    optimizer = tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(0.1), tfgc.codecs.Quantize(bits=4), min_elements=1)
+    model.compile(optimizer, "mse")
+
+    class SlowSteps(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.05)
+
+    clock = experiment.StepClock(optimizer, None, budget_s=0.3, dense_fraction_bytes=(0, 8))
+    data = tf.data.Dataset.from_tensors((tf.ones((4, 3)), tf.zeros((4, 2)))).repeat()
+    model.fit(data, steps_per_epoch=100, verbose=0, callbacks=[SlowSteps(), clock])
+    times = [row[0] for row in clock.rows]
+    assert times[0] == 0.0  # the first step (tracing) is not timed
+    assert np.all(np.diff(times) > 0.04)  # each later step's real time
+    assert times[-1] >= 0.3 > times[-2]  # stopped at the first step past the budget
+    assert all(row[2] > 0 for row in clock.rows)  # bytes pushed every step
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0", "1", "--methods", "Fix(3)"], "one seed and one method"),
+    (["--seeds", "0", "--methods", "Fix(3)", "Fix(4)"], "one seed and one method"),
+    (["--seeds", "0", "--methods", "Fix(3)", "--link", "10 mbit"], "bandwidth must look like"),
+])
+def test_measured_runs_refuse_what_they_cannot_run(argv, message, capsys):
+    argv = ["--link", "10mbit", *argv] if "--link" not in argv else argv
+    with pytest.raises(SystemExit):
+        experiment.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_replicate_of_a_fixed_width_is_measured_against_the_fixed_widths():
+    assert experiment.replicate_label("Fix(3)", 0) == "Fix(3)"
+    label = experiment.replicate_label("Fix(3)", 1)
+    assert label == "Fix(3), replicate 1"
+    runs = [made_up_run("Fix(3)", 300, seed=0, fall_per_ms=4e-5),
+            made_up_run("Fix(4)", 300, seed=1, fall_per_ms=2e-5),
+            made_up_run(label, 300, seed=2, fall_per_ms=3e-5)]
+    for run in runs:
+        run["seed"] = 0
+    lines = experiment.against_best_fixed(runs, [1.5])
+    assert len(lines) == 1 and lines[0].startswith(f"- {label} against the fastest of Fix(3), Fix(4)")
+    assert "within 5% in 0 of 1" in lines[0]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.skipif(cluster.emulation_unavailable() is not None,
+                    reason=str(cluster.emulation_unavailable()))
+def test_a_measured_run_trains_on_a_shaped_cluster(tmp_path):
+    # A child process: ParameterServerStrategy changes the eager context of its process.
+    out = tmp_path / "fix3"
+    done = subprocess.run(
+        [sys.executable, _PATH, "--link", "100mbit", "--budget-s", "4", "--dataset", "digits",
+         "--limit", "512", "--test-limit", "64", "--seeds", "0", "--methods", "Fix(3)",
+         "--loss-targets", "2.0", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    with open(f"{out}.json") as f:
+        saved = json.load(f)
+    assert saved["args"]["link"] == "100mbit"
+    result = saved["results"][0]
+    times = result["time_s"]
+    assert times[0] == 0.0 and times[-1] >= 4.0 > times[-2] and result["steps"] >= 5
+    np.testing.assert_allclose(result["bits"], 3.0, atol=0.01)  # what crossed: 3 bits
+    # Pulls compressed (3LC): under a byte per value of the quantized layers, where fp32
+    # pulls would take four, plus the small tensors in float16 as the pushes send them.
+    assert 0 < result["pull_bytes_per_step"] < (
+        result["compressed_values"] + 1.1 * result["uncompressed_bytes"])
