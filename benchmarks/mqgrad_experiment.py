@@ -549,7 +549,9 @@ def main(argv=None):
                              "method per process")
     parser.add_argument("--pull-compression", default="threelc:sparsity=1.0",
                         help="with --link: the pulls' codec (every run pulls the same way)")
-    parser.add_argument("--out", default=os.path.join(HERE, "mqgrad_experiment"))
+    parser.add_argument("--out", help="path prefix of the .json and .png written (default: "
+                        "benchmarks/mqgrad_experiment; with --combine: ./mqgrad_combined, so "
+                        "that joining a few runs does not replace the recorded plot)")
     parser.add_argument("--combine", nargs="+", metavar="JSON",
                         help="no training: plot and summarize the runs saved in these files")
     args = parser.parse_args(argv)
@@ -579,6 +581,8 @@ def main(argv=None):
 
             data_lib.prefetch(args.dataset)
         cluster_lib.isolate()
+    if args.out is None:
+        args.out = "mqgrad_combined" if args.combine else os.path.join(HERE, "mqgrad_experiment")
     if args.combine:
         results = []
         for path in args.combine:

@@ -167,3 +167,18 @@ def test_a_measured_run_trains_on_a_shaped_cluster(tmp_path):
     # pulls would take four, plus the small tensors in float16 as the pushes send them.
     assert 0 < result["pull_bytes_per_step"] < (
         result["compressed_values"] + 1.1 * result["uncompressed_bytes"])
+
+
+def test_combining_runs_writes_beside_them_not_over_the_recorded_plot(tmp_path, monkeypatch):
+    run = made_up_run("Fix(4)", 200, seed=0)
+    run.update(steps=200, bits=[4.0] * 200, test_accuracy=0.5)
+    saved = tmp_path / "runs.json"
+    saved.write_text(json.dumps({
+        "dataset": "made up", "results": [run],
+        "args": {"budget_s": 20.0, "bandwidth": 1e7, "compute_ms": 30.0}}))
+    recorded = os.path.join(REPO, "benchmarks", "mqgrad_experiment.png")
+    before = os.stat(recorded).st_mtime_ns
+    monkeypatch.chdir(tmp_path)
+    experiment.main(["--combine", str(saved), "--loss-targets", "1.5"])
+    assert (tmp_path / "mqgrad_combined.png").stat().st_size > 1000
+    assert os.stat(recorded).st_mtime_ns == before
