@@ -21,7 +21,9 @@ Methods: Fix(2), Fix(4), Fix(8) (`Quantize(bits=k)`; any Fix(k), k = 2..8, on re
 Adaptive (`AdaptiveQuantize`), MQGrad (`Quantize` + the `MQGrad` callback with tfgc's
 defaults). A method may carry agent arguments, e.g.
 `MQGrad:reward_normalization=none,epsilon_decay=1` (the paper's agent): one variant per
-spec, reported under the spec.
+spec, reported under the spec. `--replicate K` shuffles the data with seed + K: a
+replicate of a fixed width, compared with the fixed widths, shows how often a method
+exactly as good as one of them misses a bound.
 
     python benchmarks/mqgrad_experiment.py                 # writes benchmarks/mqgrad_*.{json,png}
     python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
