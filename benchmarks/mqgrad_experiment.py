@@ -194,24 +194,22 @@ def parse_method(spec):
 
 
 def run(spec, data, args, seed):
-    method, agent_kwargs = parse_method(spec)
     if not args.link:
-        return _train(method, agent_kwargs, spec, data, args, seed,
-                      tf.distribute.get_strategy(), records=None)
+        return _train(spec, data, args, seed, tf.distribute.get_strategy(), records=None)
     with tempfile.TemporaryDirectory(prefix="mqgrad-records-") as records:
         cluster = cluster_lib.LocalCluster(
             num_ps=1, num_workers=1, bandwidth=args.link,
             timeout_s=args.budget_s + CLUSTER_SLACK_S).start()
         try:
             strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
-            return _train(method, agent_kwargs, spec, data, args, seed, strategy,
-                          os.path.join(records, "train.bin"))
+            return _train(spec, data, args, seed, strategy, os.path.join(records, "train.bin"))
         finally:
             cluster.stop()
 
 
-def _train(method, agent_kwargs, spec, data, args, seed, strategy, records):
+def _train(spec, data, args, seed, strategy, records):
     """One run under `strategy`; `records`: where a measured run writes its training file."""
+    method, agent_kwargs = parse_method(spec)
     _, x, y, x_test, y_test = data
     measured = records is not None
     with strategy.scope():
