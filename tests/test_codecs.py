@@ -221,18 +221,35 @@ def test_fastsgd_indexed_slices_sum_duplicates():
     np.testing.assert_allclose(dense, expected, rtol=0.1)
 
 
-# Few rows are hashed, many summed densely, ascending distinct ones taken as they are.
-@pytest.mark.parametrize("rows", ["few", "many", "ascending"])
-def test_fastsgd_indexed_slices_encode_like_their_dense_tensor(rng, rows):
-    indices = {"few": rng.integers(0, 1000, 50), "many": rng.integers(0, 1000, 2000),
+# Repeated rows summed by row_sums' bitmap (a small first dimension) or by its sort (a
+# large one), ascending distinct ones taken as they are; one value per row or several.
+@pytest.mark.parametrize("rows", ["bitmap", "sorting", "ascending"])
+@pytest.mark.parametrize("row_shape", [[], [3]])
+def test_fastsgd_indexed_slices_encode_like_their_dense_tensor(rng, rows, row_shape):
+    num_rows = 2**21 if rows == "sorting" else 1000
+    indices = {"bitmap": rng.integers(0, 1000, 2000), "sorting": rng.integers(0, num_rows, 50),
                "ascending": np.sort(rng.choice(1000, 50, replace=False))}[rows]
-    rows = indices.size
-    values = gradient_like(rng, [rows, 3])
-    slices = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([1000, 3]))
+    indices = np.concatenate([indices, indices[:5]]) if rows == "sorting" else indices
+    values = gradient_like(rng, [indices.size] + row_shape)
+    slices = tf.IndexedSlices(tf.constant(values), tf.constant(indices),
+                              tf.constant([num_rows] + row_shape))
     codec = C.FastSGD()
     sparse, dense = codec.encode(slices), codec.encode(tf.convert_to_tensor(slices))
     for key in ("keys", "values", "sum"):
         np.testing.assert_array_equal(sparse[key].numpy(), dense[key].numpy())
+
+
+def test_fastsgd_indexed_slices_keep_their_dtype_and_refuse_rows_out_of_range():
+    values = tf.constant([[1.0, -2.0], [3.0, 0.5], [0.25, 4.0]], tf.float16)
+    slices = tf.IndexedSlices(values, tf.constant([5, 2, 5]), tf.constant([8, 2]))
+    codec = C.FastSGD()
+    decoded = tf.convert_to_tensor(codec.decode(codec.encode(slices)))
+    assert decoded.dtype == tf.float16
+    np.testing.assert_allclose(decoded.numpy()[[2, 5]], [[3.0, 0.5], [1.25, 2.0]], rtol=0.1)
+    for indices in ([5, 8, 5], [5, -1, 5]):
+        beyond = tf.IndexedSlices(values, tf.constant(indices), tf.constant([8, 2]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"is not in \[0, 8\)"):
+            codec.encode(beyond)
 
 
 @pytest.mark.parametrize("threshold", [128, 3])

@@ -1,6 +1,6 @@
 """The quantizers' one-pass ops against the numpy reference, and their input checks:
 stochastic rounding (QSGD's codes, 3LC's stochastic 3-values), LogQuant's encoder and
-decoder, and OneBit's sign bits."""
+decoder, OneBit's sign bits, and FastSGD's filter and row sums."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -394,6 +394,55 @@ def test_magnitude_filter_refuses_bad_input():
         tfgc_ops.magnitude_filter(np.zeros([2, 2], np.float32), 0.5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="factor"):
         tfgc_ops.magnitude_filter(np.zeros(4, np.float32), [0.5, 0.5])
+
+
+# --- row sums (FastSGD's encode of tf.IndexedSlices) -------------------------------------
+
+# Each path of the op: indices already ascending, a bitmap of a small range, sorting for a
+# range too wide for a bitmap.
+ROW_SUMS_CASES = {"ascending": (2**20, True), "bitmap": (2**20, False), "sorting": (2**40, False)}
+
+
+@pytest.mark.parametrize("case", sorted(ROW_SUMS_CASES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n, row_size", [(0, 3), (1, 1), (5000, 1), (3000, 4), (40, 0)])
+def test_row_sums_match_the_reference(rng, case, dtype, index_dtype, n, row_size):
+    num_rows, ascending = ROW_SUMS_CASES[case]
+    if index_dtype == np.int32:
+        num_rows = min(num_rows, 2**31 - 1)
+    if ascending:
+        indices = np.sort(rng.choice(num_rows, n, replace=False))
+    else:  # repeated: a few hundred distinct indices in lookup order
+        indices = rng.choice(num_rows, max(1, n // 10), replace=False)[rng.integers(0, max(1, n // 10), n)]
+    rows = rng.standard_normal([n, row_size]).astype(dtype)
+    distinct, sums = tfgc_ops.row_sums(rows, indices.astype(index_dtype), num_rows)
+    expected_distinct, expected_sums = ref.row_sums(rows, indices, num_rows)
+    np.testing.assert_array_equal(distinct.numpy(), expected_distinct)
+    assert sums.dtype == dtype and sums.shape == (expected_distinct.size, row_size)
+    np.testing.assert_array_equal(sums.numpy(), expected_sums)
+
+
+@pytest.mark.parametrize("num_rows", [10, 2**40])
+def test_row_sums_add_in_position_order(num_rows):
+    # In float32, (1 + 1e8) - 1e8 is 0 and (-1e8 + 1e8) + 1 is 1: order shows.
+    rows = np.array([[1.0], [7.0], [1e8], [-1e8]], np.float32)
+    distinct, sums = tfgc_ops.row_sums(rows, np.array([5, 3, 5, 5]), num_rows)
+    assert distinct.numpy().tolist() == [3, 5]
+    assert sums.numpy().tolist() == [[7.0], [0.0]]
+
+
+def test_row_sums_refuse_bad_input():
+    rows = np.ones([3, 2], np.float32)
+    for indices, where in (([0, 7, 1], r"indices\[1\] = 7"), ([0, 1, -1], r"indices\[2\] = -1")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=where + r" is not in \[0, 7\)"):
+            tfgc_ops.row_sums(rows, np.array(indices), 7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 rows but 2 indices"):
+        tfgc_ops.row_sums(rows, np.array([0, 1]), 7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rows must be 2-D"):
+        tfgc_ops.row_sums(np.ones(3, np.float32), np.array([0, 1, 2]), 7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="num_rows must be >= 0"):
+        tfgc_ops.row_sums(np.ones([0, 2], np.float32), np.zeros(0, np.int64), -1)
 
 
 # --- uniform quantization (value_range, uniform_quantize) ---------------------------------

@@ -21,7 +21,7 @@ __all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "magnitu
            "bitmap_expand",
            "quartic_fold", "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
            "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
-           "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
+           "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits", "row_sums",
            "unpack_bits", "value_range", "uniform_quantize", "qsgd_norms", "qsgd_encode", "qsgd_decode",
            "stochastic_ternary_fold", "log_levels_encode", "log_levels_decode", "library_path"]
 
@@ -192,6 +192,31 @@ def magnitude_filter(v, factor):
     if v.dtype != tf.float64:
         v = tf.cast(v, tf.float32)
     return _ops.tfgc_magnitude_filter(v, tf.cast(factor, tf.float64))
+
+
+def row_sums(rows, indices, num_rows):
+    """The rows of a sparse gradient summed by distinct index, in ascending index order.
+
+    Without hashing every index or summing into the dense tensor: distinct indices come
+    from a bitmap of [0, num_rows) when it is small next to the indices, else from
+    sorting them.
+
+    Args:
+      rows: [n, row_size] float32 or float64.
+      indices: [n] int32 or int64, each in [0, num_rows).
+      num_rows: the dense tensor's first dimension.
+
+    Returns:
+      (distinct, sums): int64 [u], the distinct indices ascending; [u, row_size] of rows'
+      dtype, row k the sum (added in position order) of the rows whose index is
+      distinct[k] (`reference.row_sums`).
+
+    Raises:
+      tf.errors.InvalidArgumentError: an index is outside [0, num_rows), or rows and
+        indices do not match.
+    """
+    return _ops.tfgc_row_sums(tf.convert_to_tensor(rows), tf.convert_to_tensor(indices),
+                              tf.cast(num_rows, tf.int64))
 
 
 def quartic_fold(x, scale):

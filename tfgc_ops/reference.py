@@ -281,6 +281,16 @@ def magnitude_filter(v, factor):
     return total, np.flatnonzero(candidate)
 
 
+def row_sums(rows, indices, num_rows):
+    """`tfgc_ops.row_sums`: (distinct indices ascending, the sums of their rows)."""
+    rows, indices = np.asarray(rows), np.asarray(indices, np.int64)
+    assert indices.size == 0 or (indices.min() >= 0 and indices.max() < num_rows)
+    distinct, slots = np.unique(indices, return_inverse=True)
+    sums = np.zeros((distinct.size,) + rows.shape[1:], rows.dtype)
+    np.add.at(sums, slots.reshape(-1), rows)  # unbuffered: in position order
+    return distinct, sums
+
+
 def magnitude_select(x, wanted, non_finite_in_wanted=False):
     """`tfgc_ops.magnitude_select`'s selection as a bool mask: the `wanted` largest
     nonzero finite |x| (ties in position order), and every non-finite value."""

@@ -58,53 +58,35 @@ class FastSGD(base.Codec):
         if isinstance(x, tf.IndexedSlices):
             return self._encode_slices(x)
         x = base.check_floating(x, self.name)
-        payload = self._encode_pairs(None, tf.reshape(x, [-1]))  # keys are the positions
+        positions, codes, total = self._quantize(tf.reshape(x, [-1]))
+        payload = self._payload(positions, codes, total, x.dtype)  # keys are the positions
         payload["shape"] = base.shape_of(x)
         return payload
 
     def _encode_slices(self, slices):
         values = base.check_floating(slices.values, self.name)
-        indices = tf.cast(slices.indices, tf.int64)
         dense_shape = tf.cast(slices.dense_shape, tf.int64)
         row_size = tf.reduce_prod(dense_shape[1:])
-        flat_values = tf.reshape(values, [-1])
-
-        def element_keys(rows):
-            return tf.reshape(rows[:, None] * row_size + tf.range(row_size)[None, :], [-1])
-
-        def as_given():
-            return self._encode_pairs(element_keys(indices), flat_values)
-
-        def distinct_rows():
-            rows, position = tf.unique(indices)
-            summed = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
-            order = tf.argsort(rows)
-            return self._encode_pairs(element_keys(tf.gather(rows, order)),
-                                      tf.reshape(tf.gather(summed, order), [-1]))
-
-        def through_dense():  # zeros never pass the filter: keys are dense positions
-            dense = tf.math.unsorted_segment_sum(values, indices, dense_shape[0])
-            return self._encode_pairs(None, tf.reshape(dense, [-1]))
-
-        # Three ways to the same keys and values, by cost: rows already ascending and
-        # distinct are taken as they are; hashing rows costs ~8x a pass over a dense
-        # element, so many rows are summed into the dense tensor instead.
-        ascending = tf.reduce_all(indices[1:] > indices[:-1])
-        many = tf.size(flat_values, out_type=tf.int64) * 8 > dense_shape[0] * row_size
-        payload = tf.cond(ascending, as_given, lambda: tf.cond(many, through_dense, distinct_rows))
+        count = tf.size(slices.indices, out_type=tf.int64)
+        wide = values if values.dtype in (tf.float32, tf.float64) else tf.cast(values, tf.float32)
+        # Distinct rows ascending, a repeated row's values added in position order (in
+        # C++: no hashing of rows, no pass over the dense tensor).
+        rows, sums = tfgc_ops.row_sums(tf.reshape(wide, tf.stack([count, row_size])),
+                                       slices.indices, dense_shape[0])
+        positions, codes, total = self._quantize(tf.reshape(tf.cast(sums, values.dtype), [-1]))
+        # Keys of the kept elements only: flat indices into the dense shape.
+        if values.shape[1:].num_elements() == 1:  # known when traced: one value per row
+            keys = tf.gather(rows, positions)
+        else:
+            keys = tf.gather(rows, positions // row_size) * row_size + positions % row_size
+        payload = self._payload(keys, codes, total, values.dtype)
         payload["dense_shape"] = tf.cast(dense_shape, tf.int32)
         return payload
 
-    def _encode_pairs(self, keys, values):
-        """Encodes values at ascending keys (None: their positions); zeros are never sent."""
-        positions, codes, total = self._quantize(values)
-        return {
-            "keys": tfgc_ops.pack_keys(positions if keys is None else tf.gather(keys, positions),
-                                       flag_bits=self.flag_bits),
-            "values": codes,
-            "sum": total,
-            "dtype": tf.zeros([0], values.dtype),
-        }
+    def _payload(self, keys, codes, total, dtype):
+        """The kept values' ascending keys, packed, with their codes and the sum."""
+        return {"keys": tfgc_ops.pack_keys(keys, flag_bits=self.flag_bits), "values": codes,
+                "sum": total, "dtype": tf.zeros([0], dtype)}
 
     def _quantize(self, values):
         """(positions of the kept values in 1-D `values`, their uint8 codes, the sum)."""

@@ -8,7 +8,7 @@
 # environment:
 #   JOBS=N        targets run N at a time (default 1)
 #   MAX_LEN=N     libFuzzer -max_len (default 4096)
-#   TARGETS="..." subset of targets (default: all fourteen)
+#   TARGETS="..." subset of targets (default: all fifteen)
 #   CXX=...       compiler (default clang++-14 if present, else clang++)
 #   BUILD_ONLY=1  build and stop
 #   CC_DIR=...    directory holding the cores (zero_run.cc, quartic_rans.cc, ...) and headers
@@ -20,7 +20,7 @@ SECONDS_PER_TARGET="${1:-60}"
 OUT="${2:-/tmp/tfgc-fuzz}"
 JOBS="${JOBS:-1}"
 MAX_LEN="${MAX_LEN:-4096}"
-TARGETS="${TARGETS:-fuzz_zero_run_decode fuzz_zero_run_encode fuzz_unpack_keys fuzz_pack_keys fuzz_bit_packing fuzz_quartic_rans fuzz_quartic_fold fuzz_stochastic_rounding fuzz_log_levels fuzz_log_levels_encode fuzz_sign_bits fuzz_magnitude_filter fuzz_uniform_quantize fuzz_magnitude_select}"
+TARGETS="${TARGETS:-fuzz_zero_run_decode fuzz_zero_run_encode fuzz_unpack_keys fuzz_pack_keys fuzz_bit_packing fuzz_quartic_rans fuzz_quartic_fold fuzz_stochastic_rounding fuzz_log_levels fuzz_log_levels_encode fuzz_sign_bits fuzz_magnitude_filter fuzz_uniform_quantize fuzz_magnitude_select fuzz_row_sums}"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -52,6 +52,7 @@ core_of() {
     fuzz_magnitude_filter) echo "$CC_DIR/magnitude_filter.cc" ;;
     fuzz_uniform_quantize) echo "$CC_DIR/uniform_quantize.cc" ;;
     fuzz_magnitude_select) echo "$CC_DIR/magnitude_select.cc" ;;
+    fuzz_row_sums) echo "$CC_DIR/row_sums.cc" ;;
     *) echo "run.sh: unknown target $1" >&2; return 1 ;;
   esac
 }
