@@ -414,7 +414,8 @@ def test_row_sums_match_the_reference(rng, case, dtype, index_dtype, n, row_size
     if ascending:
         indices = np.sort(rng.choice(num_rows, n, replace=False))
     else:  # repeated: a few hundred distinct indices in lookup order
-        indices = rng.choice(num_rows, max(1, n // 10), replace=False)[rng.integers(0, max(1, n // 10), n)]
+        distinct = rng.choice(num_rows, max(1, n // 10), replace=False)
+        indices = distinct[rng.integers(0, distinct.size, n)]
     rows = rng.standard_normal([n, row_size]).astype(dtype)
     distinct, sums = tfgc_ops.row_sums(rows, indices.astype(index_dtype), num_rows)
     expected_distinct, expected_sums = ref.row_sums(rows, indices, num_rows)

@@ -21,9 +21,10 @@ __all__ = ["largest_magnitude", "sign_bits_encode", "magnitude_filter", "magnitu
            "bitmap_expand",
            "quartic_fold", "quartic_unfold", "batch_largest_magnitude", "batch_quartic_fold",
            "batch_quartic_unfold", "zero_run_encode", "zero_run_decode", "quartic_entropy_encode",
-           "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits", "row_sums",
+           "quartic_entropy_decode", "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits",
            "unpack_bits", "value_range", "uniform_quantize", "qsgd_norms", "qsgd_encode", "qsgd_decode",
-           "stochastic_ternary_fold", "log_levels_encode", "log_levels_decode", "library_path"]
+           "stochastic_ternary_fold", "log_levels_encode", "log_levels_decode", "row_sums",
+           "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_HERE)
