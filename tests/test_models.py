@@ -125,3 +125,51 @@ def test_fastsgd_mlp_shape():
     assert model.output_shape == (None, 5)
     assert [tuple(v.shape) for v in model.trainable_variables if len(v.shape) == 2] == [
         (49, 100), (100, 100), (100, 5)]
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_bounded_adam_steps_like_keras_adam_to_the_bit(sparse):
+    import tensorflow as tf
+    import tf_keras
+
+    from models import sparse_models
+
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(50).astype(np.float32)
+    plain, bounded = tf.Variable(start), tf.Variable(start)
+    keras_adam, bounded_adam = tf_keras.optimizers.Adam(0.01, epsilon=1e-8), sparse_models.adam()
+    for _ in range(6):
+        if sparse:
+            gradient = tf.IndexedSlices(tf.constant(rng.standard_normal(10), tf.float32),
+                                        tf.constant(rng.choice(50, 10, replace=False)),
+                                        tf.constant([50]))
+        else:
+            gradient = tf.constant(rng.standard_normal(50), tf.float32)
+        keras_adam.apply_gradients([(gradient, plain)])
+        bounded_adam.apply_gradients([(gradient, bounded)])
+    np.testing.assert_array_equal(bounded.numpy(), plain.numpy())
+
+
+def test_bounded_adam_caps_a_step_read_between_two_workers_updates():
+    # A row whose m holds another worker's gradient but whose v does not yet (v = 0):
+    # Keras's Adam moves it by lr * m / epsilon, BoundedAdam by the consistent bound.
+    import tensorflow as tf
+    import tf_keras
+
+    from models import sparse_models
+
+    moved = {}
+    for name, optimizer in (("keras", tf_keras.optimizers.Adam(0.01, epsilon=1e-8)),
+                            ("bounded", sparse_models.adam(0.01))):
+        weights = tf.Variable(tf.zeros([4]))
+        optimizer.build([weights])
+        optimizer.iterations.assign(1000)  # bias corrections ~1: alpha ~ lr
+        optimizer._momentums[0].assign([0.0, 1e-3, 0.0, 0.0])
+        zero = tf.IndexedSlices(tf.zeros([1]), tf.constant([3]), tf.constant([4]))
+        optimizer.apply_gradients([(zero, weights)])
+        moved[name] = float(-weights.numpy()[1])
+    alpha = 0.01 * np.sqrt(1 - 0.999**1001) / (1 - 0.9**1001)  # Adam's step size
+    assert moved["keras"] == pytest.approx(alpha * 0.9e-3 / 1e-8, rel=1e-3)  # ~716
+    # At most (1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)) = 7.27 steps of alpha.
+    assert moved["bounded"] == pytest.approx(alpha * 0.1 / np.sqrt(0.001 * (1 - 0.81 / 0.999)),
+                                             rel=1e-5)
