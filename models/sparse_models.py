@@ -242,7 +242,9 @@ class BoundedAdam(tf_keras.optimizers.Adam):
         beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), step)
         alpha = (tf.cast(self.learning_rate, dtype) * tf.sqrt(1 - beta_2_power)
                  / (1 - tf.pow(tf.cast(self.beta_1, dtype), step)))
-        epsilon = self.epsilon * tf.sqrt(1 - beta_2_power) if self.adaptive_epsilon else self.epsilon
+        epsilon = self.epsilon
+        if self.adaptive_epsilon:
+            epsilon = epsilon * tf.sqrt(1 - beta_2_power)
         index = self._index_dict[self._var_key(variable)]
         m, v = self._momentums[index], self._velocities[index]
         beta_1, beta_2 = self.beta_1, self.beta_2
