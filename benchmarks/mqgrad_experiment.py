@@ -272,8 +272,7 @@ def _train(spec, data, args, seed, strategy, records):
         "compressed_values": compressed_values, "uncompressed_bytes": uncompressed_bytes,
     }
     if measured:
-        traffic = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
-        result["pull_bytes_per_step"] = traffic["pull_bytes"] / len(rows)
+        result["pull_bytes_per_step"] = int(optimizer.traffic["pull_bytes"].numpy()) / len(rows)
     if agent is not None:
         overhead = np.array([s["seconds"] for s in agent.steps[1:]]) * 1e6
         result.update(
@@ -358,10 +357,10 @@ def plot(results, args, path):
         curves = np.array([on_grid(r, grid) for r in results if r["method"] == method])
         # the median: one diverging seed does not hide the others
         left.plot(grid, np.nanmedian(curves, axis=0), label=method, color=colors[method])
-    clock = time_axis(args)
-    left.set_xlabel(clock)
+    clock, how = time_axis(args)
+    left.set_xlabel(f"{clock} (s): {how}")
     left.set_ylabel("training loss (EMA)")
-    left.set_title(f"loss vs {clock.split(' (')[0]} (median of {len(args.seeds)} seed(s))")
+    left.set_title(f"loss vs {clock} (median of {len(args.seeds)} seed(s))")
     left.set_ylim(0.2, 1.5)  # the first seconds fall from ~2.3 for every method
     left.legend(fontsize=8)
     for r in results:  # the first seed only: one line per method stays readable
@@ -370,7 +369,7 @@ def plot(results, args, path):
         if r["method"].startswith("MQGrad") or r["method"] == "Adaptive":
             right.plot(r["time_s"], r["bits"], color=colors[r["method"]], alpha=0.8,
                        label=r["method"])
-    right.set_xlabel(clock.split(":")[0])
+    right.set_xlabel(f"{clock} (s)")
     right.set_ylabel("bits per value (quantized layers)")
     right.set_title(f"bits over time (seed {args.seeds[0]})")
     right.set_ylim(1.5, 8.5)
@@ -380,11 +379,12 @@ def plot(results, args, path):
 
 
 def time_axis(args):
-    """What the runs' time is: "modelled time (s): ..." or "measured time (s): ..."."""
+    """(what the runs' time is, how it was made): ("modelled time", "30 ms compute + ...")
+    or ("measured time", "1 PS + 1 worker, ...")."""
     if args.link:
-        return f"measured time (s): 1 PS + 1 worker, links shaped to {args.link}"
-    return (f"modelled time (s): {args.compute_ms:g} ms compute + bytes / "
-            f"{args.bandwidth / 1e6:g} MB/s, both ways")
+        return "measured time", f"1 PS + 1 worker, links shaped to {args.link}"
+    return "modelled time", (f"{args.compute_ms:g} ms compute + bytes / "
+                             f"{args.bandwidth / 1e6:g} MB/s, both ways")
 
 
 def time_to(result, level):
