@@ -1,8 +1,8 @@
 """FastSGD's workloads: generalized linear models on sparse input, and its MLP.
 
 Linear regression, logistic regression and SVM with the losses of FastSGD's Table III,
-trained with Adam (beta1 0.9, beta2 0.999, eps 1e-8) as the paper does (`BoundedAdam`: the
-same steps, safe when parameter-server workers interleave their updates):
+trained with Adam (beta1 0.9, beta2 0.999, eps 1e-8) as the paper does (`tfgc.BoundedAdam`:
+the same steps, safe when parameter-server workers interleave their updates):
 
     linear:    (y - w.x)^2             + lambda/2 ||w||^2
     logistic:  log(1 + exp(-y w.x))    + lambda/2 ||w||^2
@@ -27,6 +27,7 @@ import tf_keras
 
 import tfgc.wire.copies
 import tfgc_ops
+from tfgc.optimizer.bounded_adam import BoundedAdam
 
 LOSSES = ("linear", "logistic", "svm")
 
@@ -219,51 +220,9 @@ def sparse_dataset(data, batch_size, seed=0, shuffle=True, repeat=True):
     return ds.batch(batch_size, drop_remainder=repeat).prefetch(tf.data.AUTOTUNE)
 
 
-class BoundedAdam(tf_keras.optimizers.Adam):
-    """tf_keras's Adam, with each weight's step bounded by what a consistent state allows.
-
-    m and v start at 0 and follow m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2, so
-    by Cauchy-Schwarz |m| / sqrt(v) <= (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)): 7.27
-    at b1 = 0.9, b2 = 0.999. Steps one at a time never reach the bound, and this is
-    Adam bit for bit. Under ParameterServerStrategy two workers' updates of one variable
-    interleave (its ops are separate): a step can read m after another worker added a
-    row's gradient but v before, and that row (v = 0) then moves by lr m / epsilon,
-    about 10^4 steps at epsilon 1e-8. About 1 run in 4 of the Reuters workload with 2
-    workers trained visibly worse (`benchmarks/FASTSGD_KEYS.md`). Here such a row
-    moves by the bound instead. amsgrad=True keeps Keras's update as it is.
-    """
-
-    def update_step(self, gradient, variable):
-        if self.amsgrad:
-            return super().update_step(gradient, variable)
-        dtype = variable.dtype
-        # The same expressions as Keras's, so that the steps are the same to the bit.
-        step = tf.cast(self.iterations + 1, dtype)
-        beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), step)
-        alpha = (tf.cast(self.learning_rate, dtype) * tf.sqrt(1 - beta_2_power)
-                 / (1 - tf.pow(tf.cast(self.beta_1, dtype), step)))
-        epsilon = self.epsilon
-        if self.adaptive_epsilon:
-            epsilon = epsilon * tf.sqrt(1 - beta_2_power)
-        index = self._index_dict[self._var_key(variable)]
-        m, v = self._momentums[index], self._velocities[index]
-        beta_1, beta_2 = self.beta_1, self.beta_2
-        if isinstance(gradient, tf.IndexedSlices):
-            m.assign_add(-m * (1 - beta_1))
-            m.scatter_add(tf.IndexedSlices(gradient.values * (1 - beta_1), gradient.indices))
-            v.assign_add(-v * (1 - beta_2))
-            v.scatter_add(tf.IndexedSlices(tf.square(gradient.values) * (1 - beta_2),
-                                           gradient.indices))
-        else:
-            m.assign_add((gradient - m) * (1 - beta_1))
-            v.assign_add((tf.square(gradient) - v) * (1 - beta_2))
-        bound = alpha * ((1 - beta_1) / np.sqrt((1 - beta_2) * (1 - beta_1**2 / beta_2)))
-        variable.assign_sub(tf.clip_by_value((m * alpha) / (tf.sqrt(v) + epsilon), -bound, bound))
-
-
 def adam(learning_rate=0.01):
     """The optimizer FastSGD trains with (its beta and epsilon values), bounded
-    against interleaved updates (`BoundedAdam`)."""
+    against interleaved updates (`tfgc.BoundedAdam`)."""
     return BoundedAdam(learning_rate, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
 
 

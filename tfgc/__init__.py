@@ -19,17 +19,24 @@ register_keras_optimizers()
 __version__ = "0.1.0"
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
-    "compressed_pulls", "fit_on_parameter_servers",
+    "compressed_pulls", "fit_on_parameter_servers", "BoundedAdam",
 ]
 
 
 def __getattr__(name):
-    # Imported on first use: the callbacks (and telemetry) need tf_keras, which Keras 3
-    # users need not install.
+    # Imported on first use: the callbacks (and telemetry) and BoundedAdam need tf_keras,
+    # which Keras 3 users need not install.
     import importlib
 
     if name == "mqgrad":
         return importlib.import_module("tfgc.mqgrad")
+    if name == "BoundedAdam":
+        try:
+            return importlib.import_module("tfgc.optimizer.bounded_adam").BoundedAdam
+        except ImportError as error:
+            raise ImportError(
+                "tfgc.BoundedAdam is a tf_keras optimizer and needs tf_keras "
+                "(pip install 'tfgc[keras]', or tf_keras==2.21.*)") from error
     if name in ("callbacks", "telemetry"):
         try:
             return importlib.import_module(f"tfgc.{name}")

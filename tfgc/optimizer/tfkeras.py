@@ -1,9 +1,11 @@
 """DistributedOptimizer for tf_keras optimizers: parameter servers (pushes and pulls),
 all-reduce strategies and one process."""
 import contextlib
+import warnings
 
 import tensorflow as tf
 
+from tfgc.distribute import is_parameter_server
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.server_variables import created_by_name
 
@@ -19,13 +21,16 @@ def distributed_class(optimizer_class):
 
 
 def register_tf_keras_optimizers():
-    """Makes every tf_keras built-in optimizer's compressing class known to tf_keras's
-    deserialization (`load_model`); `import tfgc` calls it. A no-op without tf_keras."""
+    """Makes the compressing class of every tf_keras built-in optimizer, and of
+    `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`); `import
+    tfgc` calls it. A no-op without tf_keras."""
     try:
         import tf_keras  # noqa: PLC0415
     except ImportError:
         return
-    for value in vars(tf_keras.optimizers).values():
+    from tfgc.optimizer.bounded_adam import BoundedAdam  # noqa: PLC0415 (needs tf_keras)
+
+    for value in [*vars(tf_keras.optimizers).values(), BoundedAdam]:
         if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
                 and value is not tf_keras.optimizers.Optimizer):
             distributed_class(value)
@@ -67,6 +72,7 @@ class _CompressingMixin(CompressingBase):
             self.build([v for _, v in grads_and_vars])
         self._record_uncounted()
         strategy = tf.distribute.get_strategy()
+        self._warn_of_interleaved_adam(strategy, grads_and_vars)
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
         )
@@ -76,3 +82,20 @@ class _CompressingMixin(CompressingBase):
         return super().apply_gradients(
             pairs, name=name, skip_gradients_aggregation=True, **kwargs
         )
+
+    def _warn_of_interleaved_adam(self, strategy, grads_and_vars):
+        """Warns once when Adam applies sparse gradients on parameter servers, where
+        another worker can read its update half-done (tfgc.optimizer.bounded_adam)."""
+        from tfgc.optimizer.bounded_adam import warns_of_interleaved_adam  # noqa: PLC0415
+
+        if (getattr(self, "_warned_interleaved_adam", False)
+                or not is_parameter_server(strategy)
+                or not any(isinstance(g, tf.IndexedSlices) for g, _ in grads_and_vars)
+                or not warns_of_interleaved_adam(self)):
+            return
+        self._warned_interleaved_adam = True
+        warnings.warn(
+            f"{type(self).__name__} applies sparse gradients under ParameterServerStrategy: "
+            "another worker can read a row's Adam state half-updated (m set, v still 0) "
+            "and move it by lr * m / epsilon. Use tfgc.BoundedAdam (the same steps, each "
+            "bounded) or a larger epsilon", stacklevel=3)
