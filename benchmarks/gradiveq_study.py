@@ -56,6 +56,10 @@ def parse_args(argv=None):
                         help="keep the residual of compression (not in the paper)")
     parser.add_argument("--uncentred", action="store_true",
                         help="PCA without the samples' mean (GradiVeQ(centred=False))")
+    parser.add_argument("--slice-multiple", type=int, default=None,
+                        help="K = this * F * D (default: the kernel width, the paper's)")
+    parser.add_argument("--pool-slices", action="store_true",
+                        help="PCA over every slice of each sample (GradiVeQ(pool_slices=True))")
     parser.add_argument("--variant", default=None,
                         help="only the GradiVeQ run, written to gradiveq_study_<variant>.json")
     parser.add_argument("--seed", type=int, default=0)
@@ -190,7 +194,8 @@ def run_gradiveq(args, data, x, y, x_test, y_test, base_lr):
     codec = GradiVeQ(loss_threshold=args.loss_threshold, warmup_steps=args.warmup,
                      sampling_steps=args.sampling, compressed_steps=args.compressed,
                      sampling_bits=args.sampling_bits or None, seed=args.seed,
-                     centred=not args.uncentred)
+                     centred=not args.uncentred, slice_multiple=args.slice_multiple,
+                     pool_slices=args.pool_slices)
     optimizer = tfgc.DistributedOptimizer(
         tf_keras.optimizers.SGD.from_config(base_lr.get_config()), compression=codec,
         error_feedback=args.error_feedback)

@@ -174,6 +174,40 @@ def test_reuse_factor_groups_slices(rng):
     assert coefficients.shape == (3, int(layer.dim.numpy()))
 
 
+def test_pooled_slices_are_all_samples_and_span_what_the_first_slice_cannot(rng):
+    # Each slice of these gradients lies in its own rank-2 subspace: PCA of the first
+    # slice alone (the paper's) spans 2 directions and misses the other slices; pooled
+    # over all S = 3 slices of every sampling step it spans 6, and compressed steps are
+    # exact. The round trip runs through the schedule (encode / decode), as training.
+    h, w, d, f = SHAPE
+    k = w * d * f
+    bases = rng.normal(size=[h, k, 2])
+    gradients = np.stack([
+        np.stack([bases[i] @ rng.normal(size=2) for i in range(h)]).reshape(SHAPE)
+        for _ in range(7)]).astype(np.float32)
+    errors = {}
+    for pool in (False, True):
+        layer = bound(warmup_steps=0, sampling_steps=5, compressed_steps=5, sampling_bits=None,
+                      centred=False, pool_slices=pool)
+        assert layer.max_dim == (15 if pool else 5)
+        for g in gradients[:5]:
+            layer.decode(layer.encode(g))
+        assert int(layer.phase.numpy()) == COMPRESSED
+        assert int(layer.dim.numpy()) == (6 if pool else 2)
+        if pool:  # row t * S + i is slice i of sampling step t
+            np.testing.assert_array_equal(layer.samples.numpy()[:, 0],
+                                          gradients[:5].reshape(5 * h, k))
+        out = np.stack([layer.decode(layer.encode(g)).numpy() for g in gradients[5:]])
+        errors[pool] = np.sum((out - gradients[5:]) ** 2) / np.sum(gradients[5:] ** 2)
+    assert errors[True] < 1e-8 and errors[False] > 0.3, errors
+
+
+def test_pooled_slices_need_whole_groups():
+    with pytest.raises(ValueError, match="pool_slices needs reuse=2 to divide the 3 slices"):
+        bound(reuse=2, pool_slices=True)
+    assert bound(reuse=3, pool_slices=True).pooled_slices == 3
+
+
 def test_non_finite_steps_are_not_samples(rng):
     layer = bound(warmup_steps=0, sampling_steps=2, compressed_steps=1)
     bad = np.full(SHAPE, np.nan, np.float32)

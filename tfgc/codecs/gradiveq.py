@@ -91,6 +91,11 @@ class GradiVeQ(base.Codec):
         step's; that mean goes stale over L_c steps, and its part outside U_d's span
         is a constant push in a past direction. Without it ResNet-20 trained
         markedly better at 2,000 steps (`benchmarks/GRADIVEQ_RESULTS.md`).
+      pool_slices: PCA over every slice of a group at each sampling step (s * L_t
+        samples) instead of the group's first slice only (the paper's, False). The
+        slices share one compressor (the paper's spatial consistency, Fig. 5); pooling
+        them lets d grow to min(K, s * L_t), so U_d spans more of later gradients, for
+        more floats per compressed step. Needs s to divide the layer's S slices.
 
     Use with `tfgc.DistributedOptimizer(..., error_feedback=False)`: under error
     feedback the part of each gradient outside U_d's span is never sent, so the residual
@@ -116,6 +121,7 @@ class GradiVeQ(base.Codec):
         sampling_bucket_size=512,
         seed=None,
         centred=True,
+        pool_slices=False,
     ):
         if not 0.0 <= float(loss_threshold) < 1.0:
             raise ValueError(f"GradiVeQ loss_threshold must be in [0, 1), got {loss_threshold}")
@@ -145,6 +151,7 @@ class GradiVeQ(base.Codec):
         self.sampling_bucket_size = int(sampling_bucket_size)
         self.seed = seed
         self.centred = bool(centred)
+        self.pool_slices = bool(pool_slices)
 
     def get_config(self):
         return {
@@ -159,6 +166,7 @@ class GradiVeQ(base.Codec):
             "sampling_bucket_size": self.sampling_bucket_size,
             "seed": self.seed,
             "centred": self.centred,
+            "pool_slices": self.pool_slices,
         }
 
     def bind(self, variable, name=None):
@@ -196,10 +204,12 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
     stopping); the tensors a phase does not use are empty.
 
     Attributes (Python ints): kernel_shape, slice_size (K), num_slices (S), reuse (s),
-    num_groups (G = ceil(S / s), compressors per layer), max_dim (d_max).
+    num_groups (G = ceil(S / s), compressors per layer), pooled_slices (n), max_dim
+    (d_max = min(K, n * L_t)).
     State (tf.Variables): step, phase, phase_step, dim (d), basis (U, [G, K, d_max]),
-    mean (mu, [G, K]), samples ([L_t, G, K]), retained ([G], variance kept by d at the
-    last refresh), refreshes, early_stops.
+    mean (mu, [G, K]), samples ([L_t * n, G, K], n = s with pool_slices, else 1: row
+    t * n + i holds slice i of each group at sampling step t), retained ([G], variance
+    kept by d at the last refresh), refreshes, early_stops.
     """
 
     summable = True
@@ -222,7 +232,12 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
         self.num_slices = self.num_elements // self.slice_size
         self.reuse = min(settings.reuse or self.num_slices, self.num_slices)
         self.num_groups = -(-self.num_slices // self.reuse)
-        self.max_dim = min(self.slice_size, settings.sampling_steps)
+        self.pooled_slices = self.reuse if settings.pool_slices else 1
+        if settings.pool_slices and self.num_slices % self.reuse:
+            raise ValueError(
+                f"GradiVeQ pool_slices needs reuse={self.reuse} to divide the "
+                f"{self.num_slices} slices of kernel {tuple(self.kernel_shape)}")
+        self.max_dim = min(self.slice_size, settings.sampling_steps * self.pooled_slices)
         self.sampler = None
         if settings.sampling_bits is not None:
             self.sampler = _SeededQSGD(settings.sampling_bits, settings.sampling_bucket_size)
@@ -236,7 +251,8 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
             self.dim = state(tf.constant(self.max_dim, tf.int32), "dim")
             self.basis = state(tf.zeros([g, k, self.max_dim]), "basis")
             self.mean = state(tf.zeros([g, k]), "mean")
-            self.samples = state(tf.zeros([settings.sampling_steps, g, k]), "samples")
+            self.samples = state(
+                tf.zeros([settings.sampling_steps * self.pooled_slices, g, k]), "samples")
             self.retained = state(tf.zeros([g]), "retained")
             self.refreshes = state(tf.constant(0, tf.int64), "refreshes")
             self.early_stops = state(tf.constant(0, tf.int64), "early_stops")

@@ -30,9 +30,12 @@ class Schedule:
 
         def sample():
             def store():
-                first = self._grouped(tf.reshape(total, [self.num_slices, self.slice_size]))[:, 0]
-                self.samples.assign(
-                    tf.tensor_scatter_nd_update(self.samples, [[step]], first[None]))
+                # The first slice of each group, or all of them with pool_slices.
+                n = self.pooled_slices
+                grouped = self._grouped(tf.reshape(total, [self.num_slices, self.slice_size]))
+                rows = tf.transpose(grouped[:, :n], [1, 0, 2])  # [n, G, K]
+                places = (step * n + tf.range(n))[:, None]
+                self.samples.assign(tf.tensor_scatter_nd_update(self.samples, places, rows))
                 return step + 1
 
             # A non-finite sum is a failed step, not a sample.
@@ -60,8 +63,9 @@ class Schedule:
         """PCA over the stored samples: sets mu, U_d and d (Eq. 6). Returns True.
 
         The covariance's eigenvectors are the right singular vectors of the centred
-        [L_t, K] sample matrix; they are computed from its L_t x L_t Gram matrix in
-        float64, which costs O(L_t^2 K) instead of an SVD of the K x K covariance.
+        [L, K] sample matrix (L = L_t, or s * L_t with pool_slices); they are computed
+        from its L x L Gram matrix in float64, which costs O(L^2 K) instead of an SVD
+        of the K x K covariance.
         """
         samples = tf.cast(tf.transpose(self.samples, [1, 0, 2]), tf.float64)  # [G, L, K]
         if self.settings.centred:
