@@ -26,7 +26,9 @@ WORKER_SCRIPT = textwrap.dedent(
     n = strategy.num_replicas_in_sync
     me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     shape = (3, 3, 64, 64)  # K = 3 * 64 * 64 = 12288, 3 slices
-    codec = tfgc.codecs.GradiVeQ(warmup_steps=4, sampling_steps=8, compressed_steps=5, seed=3)
+    pool = os.environ["POOL_SLICES"] == "1"
+    codec = tfgc.codecs.GradiVeQ(warmup_steps=4, sampling_steps=8, compressed_steps=5, seed=3,
+                                 pool_slices=pool)
     with strategy.scope():
         var = tf.Variable(tf.zeros(shape))
         optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0), compression=codec,
@@ -103,14 +105,16 @@ WORKER_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.cluster
-def test_mwms_ring_all_reduce_sums_in_the_compressed_domain(tmp_path):
+@pytest.mark.parametrize("pool_slices", [False, True])
+def test_mwms_ring_all_reduce_sums_in_the_compressed_domain(tmp_path, pool_slices):
     from tfgc import cluster
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
     with cluster.LocalCluster(num_ps=0, num_workers=2, timeout_s=300) as local:
         results = local.run_workers([str(script)], timeout_s=240,
-                                    env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+                                    env={"TF_CPP_MIN_LOG_LEVEL": "3",
+                                         "POOL_SLICES": str(int(pool_slices))})
         # Read the outputs before the cluster removes its logs.
         outputs = [(r.returncode, r.stdout, r.stderr) for r in results]
     for returncode, _, stderr in outputs:
@@ -123,6 +127,8 @@ def test_mwms_ring_all_reduce_sums_in_the_compressed_domain(tmp_path):
     # Every worker ends with the same compressor state (no broadcast is needed).
     assert reports[0]["state"] == reports[1]["state"]
     records = reports[0]["records"]
+    # Pooled: the PCA saw 3 slices of each of the 8 samples, so d can exceed 8.
+    assert (max(r["d"] for r in records) > 8) == pool_slices
     assert [r["phase"] for r in records] == [0] * 4 + [1] * 8 + [2] * 5 + [1] * 4
     for r in records:
         if r["phase"] == 0:
