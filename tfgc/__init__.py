@@ -23,25 +23,27 @@ __all__ = [
 ]
 
 
+# Imported on first use, because they need tf_keras, which Keras 3 users need not
+# install: name -> (module, its attribute or None for the module itself, what it is).
+_NEED_TF_KERAS = {
+    "callbacks": ("tfgc.callbacks", None, "holds tf_keras callbacks"),
+    "telemetry": ("tfgc.telemetry", None, "holds tf_keras callbacks"),
+    "BoundedAdam": ("tfgc.optimizer.bounded_adam", "BoundedAdam", "is a tf_keras optimizer"),
+}
+
+
 def __getattr__(name):
-    # Imported on first use: the callbacks (and telemetry) and BoundedAdam need tf_keras,
-    # which Keras 3 users need not install.
     import importlib
 
     if name == "mqgrad":
         return importlib.import_module("tfgc.mqgrad")
-    if name == "BoundedAdam":
-        try:
-            return importlib.import_module("tfgc.optimizer.bounded_adam").BoundedAdam
-        except ImportError as error:
-            raise ImportError(
-                "tfgc.BoundedAdam is a tf_keras optimizer and needs tf_keras "
-                "(pip install 'tfgc[keras]', or tf_keras==2.21.*)") from error
-    if name in ("callbacks", "telemetry"):
-        try:
-            return importlib.import_module(f"tfgc.{name}")
-        except ImportError as error:
-            raise ImportError(
-                f"tfgc.{name} holds tf_keras callbacks and needs tf_keras "
-                "(pip install 'tfgc[keras]', or tf_keras==2.21.*)") from error
-    raise AttributeError(f"module 'tfgc' has no attribute {name!r}")
+    if name not in _NEED_TF_KERAS:
+        raise AttributeError(f"module 'tfgc' has no attribute {name!r}")
+    module, attribute, what = _NEED_TF_KERAS[name]
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(
+            f"tfgc.{name} {what} and needs tf_keras "
+            "(pip install 'tfgc[keras]', or tf_keras==2.21.*)") from error
+    return loaded if attribute is None else getattr(loaded, attribute)
