@@ -19,9 +19,12 @@ register_keras_optimizers()
 __version__ = "0.1.0"
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
-    "compressed_pulls", "fit_on_parameter_servers", "BoundedAdam",
+    "compressed_pulls", "fit_on_parameter_servers", "BoundedAdam", "cluster", "mqgrad",
 ]
 
+
+# Subpackages reachable as attributes of `tfgc`, imported on first use.
+_SUBPACKAGES = ("cluster", "mqgrad")
 
 # Imported on first use, because they need tf_keras, which Keras 3 users need not
 # install: name -> (module, its attribute or None for the module itself, what it is).
@@ -35,8 +38,8 @@ _NEED_TF_KERAS = {
 def __getattr__(name):
     import importlib
 
-    if name == "mqgrad":
-        return importlib.import_module("tfgc.mqgrad")
+    if name in _SUBPACKAGES:  # `import tfgc; tfgc.cluster.isolate()` as after `import tfgc.cluster`
+        return importlib.import_module(f"tfgc.{name}")
     if name not in _NEED_TF_KERAS:
         raise AttributeError(f"module 'tfgc' has no attribute {name!r}")
     module, attribute, what = _NEED_TF_KERAS[name]

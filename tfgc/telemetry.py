@@ -3,6 +3,7 @@ import csv
 
 import tf_keras
 
+from tfgc.optimizer.base import compressing_optimizer
 
 COLUMNS = (
     "push_bytes", "push_dense_bytes", "compression_ratio", "bits_per_value",
@@ -27,7 +28,9 @@ class TrafficLogger(tf_keras.callbacks.Callback):
     hands Keras those results together with its own keys. The keys reach every other
     callback whatever their order in the list; under ParameterServerStrategy, where
     batch logs are remote values, they are added at the epoch's end instead: list it
-    before callbacks that read them there (TensorBoard, CSVLogger).
+    before callbacks that read them there (TensorBoard, CSVLogger). Keras 3's `fit`
+    (which hands each callback a copy of the batch logs) gets them at each epoch's end
+    too, in the logs that History, CSVLogger, TensorBoard and the progress bar read.
 
     Counters are read at epoch boundaries only, unless per-step CSV files are asked for.
 
@@ -59,17 +62,27 @@ class TrafficLogger(tf_keras.callbacks.Callback):
 
     @property
     def optimizer(self):
-        return self._optimizer or self.model.optimizer
+        """The tfgc optimizer counted: the one given, or the model's (inside its
+        loss-scale optimizer under mixed precision)."""
+        given = self._optimizer or self.model.optimizer
+        found = compressing_optimizer(given)
+        if found is None:
+            raise TypeError(
+                f"TrafficLogger reports a tfgc.DistributedOptimizer's traffic; "
+                f"{type(given).__name__} is not one (nor wraps one): compile the model "
+                "with a DistributedOptimizer or pass optimizer=")
+        return found
 
     def _reading(self):
         """(optimizer steps, {counter: bytes}), or None before the optimizer is built."""
-        traffic = getattr(self.optimizer, "traffic", None)
+        traffic = self.optimizer.traffic
         if traffic is None:
-            return None  # not built yet, or not a tfgc optimizer
+            return None  # not built yet
         counters = {name: int(value.numpy()) for name, value in traffic.items()}
         return int(self.optimizer.iterations.numpy()), counters
 
     def on_train_begin(self, logs=None):
+        self.optimizer  # noqa: B018 (fails now, not silently at every epoch's end)
         if self.csv_path:
             self._file, self._writer = _open_csv(self.csv_path, ("step",) + COLUMNS)
         if self.per_variable_csv_path:
@@ -87,7 +100,9 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         if self._writer is not None or self._variable_writer is not None:
             self._write_rows(batch)
         steps = (self.params or {}).get("steps")
-        if isinstance(logs, dict) and steps and batch + 1 >= steps:
+        # Keras 3 hands every callback a copy of the batch logs: keys added there reach
+        # no one, so its epochs get them at their end only.
+        if isinstance(logs, dict) and steps and batch + 1 >= steps and self._tf_keras_fit():
             figures = self._epoch_figures()
             if figures:
                 # Keras would drop these logs for its metrics' results because of the
@@ -95,6 +110,9 @@ class TrafficLogger(tf_keras.callbacks.Callback):
                 logs.update(self.model.get_metrics_result())
                 logs.update(figures)
                 self._epoch_logged = True
+
+    def _tf_keras_fit(self):
+        return isinstance(self.model, tf_keras.Model)
 
     def _write_rows(self, batch):
         now = self._reading()

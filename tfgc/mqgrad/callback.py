@@ -10,6 +10,7 @@ from tfgc.codecs.adaptive import AdaptiveQuantize
 from tfgc.codecs.quantize import Quantize
 from tfgc.distribute import dense_nbytes
 from tfgc.mqgrad.agent import MQGradAgent
+from tfgc.optimizer.base import compressing_optimizer
 from tfgc.wire.message import fused_nbytes
 
 
@@ -99,13 +100,15 @@ class MQGrad(tf_keras.callbacks.Callback):
         if isinstance(target, Quantize):
             codec = target
         else:
+            # A loss-scale optimizer (mixed precision) holds the tfgc one.
+            target = compressing_optimizer(target) or target
             codec, optimizer = getattr(target, "compression", None), target
         if not isinstance(codec, Quantize) or isinstance(codec, AdaptiveQuantize):
             raise TypeError(
                 "MQGrad needs a tfgc.codecs.Quantize codec (or a DistributedOptimizer using "
                 f"one) whose bits it can set; got {type(target).__name__}")
         if optimizer is None:
-            model_optimizer = getattr(self.model, "optimizer", None)
+            model_optimizer = compressing_optimizer(getattr(self.model, "optimizer", None))
             if getattr(model_optimizer, "compression", None) is codec:
                 optimizer = model_optimizer
         return codec, optimizer

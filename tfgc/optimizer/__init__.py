@@ -28,7 +28,10 @@ import warnings
 from tfgc.codecs.base import Codec
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS
 from tfgc.memory import ErrorFeedback
-from tfgc.optimizer.base import DEFAULT_SMALL_COMPRESSION, DIRECTIONS, CompressingBase, small_codec
+from tfgc.optimizer.base import (
+    DEFAULT_SMALL_COMPRESSION, DIRECTIONS, CompressingBase, compressing_optimizer, small_codec,
+)
+from tfgc.optimizer.loss_scale import loss_scale_rewrapper
 from tfgc.optimizer.keras3 import keras3_distributed_class, register_keras_optimizers
 from tfgc.optimizer.tfkeras import distributed_class, register_tf_keras_optimizers
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
@@ -36,7 +39,7 @@ from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 __all__ = [
     "DistributedOptimizer", "CompressingBase", "distributed_class", "keras3_distributed_class",
     "register_tf_keras_optimizers", "register_keras_optimizers", "DEFAULT_SMALL_COMPRESSION",
-    "DIRECTIONS",
+    "DIRECTIONS", "compressing_optimizer",
 ]
 
 
@@ -54,6 +57,14 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     The result is an instance of a subclass of `optimizer`'s class, built from its
     config, so hyperparameters, `iterations` and `learning_rate` behave as the inner
     optimizer's. Wrap an optimizer before training: its slots are not copied.
+
+    A loss-scale optimizer (tf_keras's or Keras 3's `LossScaleOptimizer`, for
+    `mixed_float16`) stays outside: `DistributedOptimizer(LossScaleOptimizer(opt))`
+    returns `LossScaleOptimizer(DistributedOptimizer(opt))` with the same loss-scale
+    settings, which is also what `compile` makes of a DistributedOptimizer under a
+    mixed_float16 policy. Gradients are then unscaled before they are encoded, and a
+    step whose scaled gradients are not finite on some replica is skipped on every
+    replica, residuals untouched.
 
     Args:
       optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`), or a Keras 3
@@ -81,10 +92,19 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
       NotImplementedError: a Keras 3 optimizer with `pull_compression`, or one without
         the hook tfgc relies on.
     """
-    if isinstance(optimizer, CompressingBase):
+    if isinstance(compressing_optimizer(optimizer), CompressingBase):
         raise TypeError(
             f"{type(optimizer).__name__} is already a DistributedOptimizer; wrap the inner "
             "optimizer once")
+    rewrap = loss_scale_rewrapper(optimizer)
+    if rewrap is not None:
+        # The loss-scale optimizer goes outside: it unscales gradients before tfgc
+        # encodes them (residuals in the gradients' own units) and skips whole steps
+        # with non-finite gradients, which then leave the residuals as they were.
+        return rewrap(DistributedOptimizer(
+            optimizer.inner_optimizer, compression, pull_compression=pull_compression,
+            min_elements=min_elements, error_feedback=error_feedback,
+            small_compression=small_compression, bucket_bytes=bucket_bytes))
     try:
         import tf_keras  # only tf_keras users need it installed
     except ImportError:

@@ -332,6 +332,18 @@ class CompressingBase:
         return pairs
 
 
+def compressing_optimizer(optimizer):
+    """The tfgc optimizer in `optimizer` (itself, or the one a loss-scale optimizer or
+    another wrapper with `inner_optimizer` holds), or None."""
+    for _ in range(8):  # wrappers do not nest deeper
+        if isinstance(optimizer, CompressingBase):
+            return optimizer
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+        if optimizer is None:
+            return None
+    return None
+
+
 def small_codec(spec):
     """The small-tensor codec named by `spec` ("float16", a codec, its config, None)."""
     if isinstance(spec, str):

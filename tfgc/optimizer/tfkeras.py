@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tfgc.distribute import is_parameter_server
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
+from tfgc.optimizer.loss_scale import agree_on_finiteness
 from tfgc.server_variables import created_by_name
 
 _DISTRIBUTED_CLASSES = {}
@@ -63,6 +64,18 @@ class _CompressingMixin(CompressingBase):
                 deduplicated += super()._deduplicate_sparse_grad([grad])
         return deduplicated
 
+    def aggregate_gradients(self, grads_and_vars):
+        """Leaves the replicas' gradients to the compressed wire of `apply_gradients`.
+
+        Called by a wrapper that sums gradients before it applies them (tf_keras's
+        LossScaleOptimizer); see tfgc.optimizer.loss_scale.
+        """
+        strategy = tf.distribute.get_strategy()
+        if is_parameter_server(strategy) or strategy.num_replicas_in_sync == 1:
+            return super().aggregate_gradients(grads_and_vars)
+        self._deferred_aggregation = True
+        return agree_on_finiteness(grads_and_vars)
+
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
                         **kwargs):
         grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
@@ -76,12 +89,33 @@ class _CompressingMixin(CompressingBase):
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
         )
+        if not aggregate and getattr(self, "_deferred_aggregation", False):
+            aggregate = True  # `aggregate_gradients` left the sum to the wire
+        elif not aggregate and _sums_replicas(strategy):
+            # Someone else summed these gradients: encoding them now would cost
+            # accuracy and save no byte, so they are applied as they are, uncounted.
+            self._warn_aggregated_elsewhere(strategy)
+            return super().apply_gradients(
+                grads_and_vars, name=name, skip_gradients_aggregation=True, **kwargs)
         pairs = self._send_all(strategy, grads_and_vars, aggregate)
         # Every wire delivers gradients ready to apply: aggregated across replicas
         # where that was asked for, or one worker's own under parameter servers.
         return super().apply_gradients(
             pairs, name=name, skip_gradients_aggregation=True, **kwargs
         )
+
+    def _warn_aggregated_elsewhere(self, strategy):
+        if getattr(self, "_warned_aggregated_elsewhere", False):
+            return
+        self._warned_aggregated_elsewhere = True
+        warnings.warn(
+            f"{type(self).__name__}.apply_gradients(skip_gradients_aggregation=True) under "
+            f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas: the "
+            "gradients were summed across replicas before tfgc saw them, so nothing is "
+            "compressed and the traffic counters count nothing. Let this optimizer "
+            "aggregate (call apply_gradients without skip_gradients_aggregation), or wrap "
+            "it from outside only in wrappers that aggregate with its "
+            "`aggregate_gradients` (tf_keras's LossScaleOptimizer does)", stacklevel=3)
 
     def _warn_of_interleaved_adam(self, strategy, grads_and_vars):
         """Warns once when Adam applies sparse gradients on parameter servers, where
@@ -99,3 +133,8 @@ class _CompressingMixin(CompressingBase):
             "another worker can read a row's Adam state half-updated (m set, v still 0) "
             "and move it by lr * m / epsilon. Use tfgc.BoundedAdam (the same steps, each "
             "bounded) or a larger epsilon", stacklevel=3)
+
+
+def _sums_replicas(strategy):
+    """True for strategies whose replicas' gradients are summed (all-reduce)."""
+    return not is_parameter_server(strategy) and strategy.num_replicas_in_sync > 1
