@@ -2,6 +2,7 @@
 error-feedback buffers, traffic counters and the wires (see `tfgc.optimizer`)."""
 import contextlib
 import json
+import sys
 import warnings
 
 import tensorflow as tf
@@ -30,6 +31,9 @@ def compressing_subclass(mixin, optimizer_class, cache, register):
         name = f"Distributed{optimizer_class.__name__}"
         cls = type(name, (mixin, optimizer_class), {"__module__": mixin.__module__})
         cache[optimizer_class] = register(package="tfgc", name=name)(cls)
+        # Keras's deserialization, in a process that has not imported tfgc, imports the
+        # saved class's module and looks the class up there: it must be an attribute.
+        setattr(sys.modules[mixin.__module__], name, cls)
     return cache[optimizer_class]
 
 

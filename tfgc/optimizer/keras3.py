@@ -18,6 +18,7 @@ from tfgc.distribute import is_parameter_server
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 HOOK = "_all_reduce_sum_gradients"
+_LOADING_NOTE = "to_load"
 _CLASSES = {}
 
 
@@ -58,6 +59,7 @@ class _Keras3Mixin(CompressingBase):
     """Keras 3: overrides `build` (codecs, buffers) and the replicas' gradient sum."""
 
     def __init__(self, *args, pull_compression=None, **kwargs):
+        kwargs.pop(_LOADING_NOTE, None)
         if pull_compression is not None:
             raise NotImplementedError(
                 "pull_compression with Keras 3: compressed pulls wrap the tf.Variables a "
@@ -72,7 +74,11 @@ class _Keras3Mixin(CompressingBase):
                 f"with it; for a tf_keras model wrap tf_keras.optimizers.{inner.__name__}(...)>")
 
     def get_config(self):
-        return self._compression_config(super().get_config())
+        config = self._compression_config(super().get_config())
+        # Keras 3 imports no module outside Keras to find a saved class: its error in a
+        # process without tfgc prints the config, and so this note.
+        config[_LOADING_NOTE] = "import tfgc before keras.saving.load_model"
+        return config
 
     def _variable_index(self, variable):
         return self._get_variable_index(variable)
