@@ -189,3 +189,191 @@ def test_a_cluster_outside_a_private_network_warns_loudly(monkeypatch, capsys):
     # Loopback and the links of bandwidth emulation lead nowhere else.
     monkeypatch.setattr(isolation, "interfaces", lambda: ["lo", "tfgc1a2b3c"])
     assert isolation.in_private_network()
+
+
+# --- clusters are private by default -----------------------------------------------------
+
+
+def _in_a_namespace_with_an_interface(command):
+    """`command` in a new network namespace with an interface besides loopback.
+
+    Always a throwaway namespace, also where the test runs in the machine's own: an
+    exposed cluster started there listens where nothing else can reach it.
+    """
+    if shutil.which("ip") is None:
+        pytest.skip("needs `ip` (iproute2) to give the command a namespace with an interface")
+    return [*isolation.unshare_command(), "sh", "-c",
+            "{ ip link add nic0 type dummy 2>/dev/null || "
+            "ip link add nic0 type veth peer name nic1; } && ip link set nic0 up && exec \"$@\"",
+            "sh", *command]
+
+
+@pytest.fixture
+def exposed_namespace(monkeypatch):
+    """This process's namespace looks like a host's (eth0), and nothing opted out."""
+    monkeypatch.setattr(isolation, "interfaces", lambda: ["eth0", "lo"])
+    monkeypatch.setattr(isolation, "unavailable", lambda: None)
+    monkeypatch.setattr(isolation, "_isolate_failed", None)
+    monkeypatch.setattr(isolation, "_warned", False)
+    monkeypatch.delenv(isolation.SWITCH, raising=False)
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"started a process: {args}")
+
+    from tfgc.cluster import local, workers
+
+    monkeypatch.setattr(local.subprocess, "Popen", no_process)
+    monkeypatch.setattr(workers.subprocess, "Popen", no_process)
+
+
+def _assert_says_what_to_do(message):
+    assert "refuses to start" in message and "(eth0)" in message
+    assert "without authentication" in message
+    assert "`tfgc.cluster.isolate()` first thing in main()" in message
+    assert "python -m tfgc.cluster.private" in message
+    assert 'LocalCluster(..., network="exposed")' in message
+    assert "TFGC_NETWORK_ISOLATION=0" in message
+
+
+def test_a_cluster_refuses_to_start_outside_a_private_network(exposed_namespace, tmp_path):
+    from tfgc import cluster
+
+    c = cluster.LocalCluster(num_ps=1, num_workers=1, log_dir=tmp_path / "logs")
+    with pytest.raises(cluster.ExposedClusterError) as refused:
+        c.start()
+    assert isinstance(refused.value, cluster.ClusterError)
+    _assert_says_what_to_do(str(refused.value))
+    assert not (tmp_path / "logs").exists()  # nothing was started, not even a log
+    with pytest.raises(RuntimeError, match="not started"):
+        c.addresses
+    with pytest.raises(cluster.ExposedClusterError):
+        with cluster.LocalCluster(num_ps=1, num_workers=1):
+            pass
+    # All-reduce clusters too: their worker scripts host the servers.
+    with pytest.raises(cluster.ExposedClusterError):
+        cluster.LocalCluster(num_ps=0, num_workers=2).run_workers(["-c", "pass"])
+
+
+def test_a_refusal_where_isolate_failed_says_only_opting_out_is_left(exposed_namespace):
+    from tfgc import cluster
+
+    # isolate() tried and could not: it warns, and the cluster refuses afterwards.
+    with pytest.warns(cluster.ExposedClusterWarning, match="will refuse to start"):
+        isolation._cannot_isolate("unshare: Operation not permitted")
+    with pytest.raises(cluster.ExposedClusterError) as refused:
+        cluster.LocalCluster(num_ps=1, num_workers=1).start()
+    message = str(refused.value)
+    assert "No private network namespace can be made here (unshare: Operation not permitted)" \
+        in message
+    assert "isolate()" not in message  # it was tried
+    assert 'network="exposed"' in message and "TFGC_NETWORK_ISOLATION=0" in message
+
+
+def test_the_command_line_refuses_with_the_message_instead_of_a_traceback(
+        exposed_namespace, tmp_path, capsys):
+    from tfgc import cluster
+
+    script = tmp_path / "chief.py"
+    script.write_text("raise SystemExit('the script ran')\n")
+    assert cluster.main(["--ps", "1", "--workers", "1", str(script)]) == 2
+    err = capsys.readouterr().err
+    _assert_says_what_to_do(err)
+    assert "Traceback" not in err
+
+
+def test_opting_out_starts_the_cluster_and_warns(exposed_namespace, monkeypatch, capsys):
+    from tfgc import cluster
+
+    with pytest.raises(ValueError, match="'private', 'exposed'"):
+        cluster.LocalCluster(network="public")
+    # num_ps=0: start() starts no process (its worker scripts would), so none is needed here.
+    with pytest.warns(cluster.ExposedClusterWarning, match="network=\"exposed\""):
+        c = cluster.LocalCluster(num_ps=0, num_workers=2, network="exposed").start()
+    try:
+        assert len(c.addresses["worker"]) == 2
+        assert "listen on every network interface" in capsys.readouterr().err
+        # A worker script that calls isolate() stays where its peers listen.
+        assert c._child_env("worker", 0)[isolation.SWITCH] == "0"
+    finally:
+        c.stop(remove_logs=True)
+
+    monkeypatch.setattr(isolation, "_warned", False)
+    monkeypatch.setenv(isolation.SWITCH, "0")
+    with pytest.warns(cluster.ExposedClusterWarning, match="TFGC_NETWORK_ISOLATION=0"):
+        c = cluster.LocalCluster(num_ps=0, num_workers=1).start()
+    c.stop(remove_logs=True)
+
+
+def test_a_private_cluster_starts_in_a_private_network(monkeypatch, recwarn):
+    from tfgc import cluster
+
+    monkeypatch.setattr(isolation, "interfaces", lambda: ["lo", "tfgc1a2b3c"])
+    monkeypatch.delenv(isolation.SWITCH, raising=False)
+    c = cluster.LocalCluster(num_ps=0, num_workers=1).start()
+    c.stop(remove_logs=True)
+    assert not [w for w in recwarn if issubclass(w.category, cluster.ExposedClusterWarning)]
+    assert isolation.SWITCH not in c._child_env("worker", 0)
+
+
+# In a namespace with an interface besides loopback: a private cluster (the default)
+# refuses and starts nothing; one that opts out starts its servers, and warns.
+EXPOSED_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, warnings
+    from tfgc import cluster
+
+    def children():
+        return [int(pid) for task in os.listdir("/proc/self/task")
+                for pid in open(f"/proc/self/task/{task}/children").read().split()]
+
+    report = {"interfaces": cluster.isolation.interfaces()}
+    logs = os.path.join(sys.argv[1], "refused")
+    try:
+        cluster.LocalCluster(num_ps=1, num_workers=1, log_dir=logs).start()
+        report["refused"] = None
+    except cluster.ExposedClusterError as error:
+        report["refused"] = str(error)
+    report["children_after_refusal"] = children()
+    report["logs_after_refusal"] = os.path.exists(logs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=120,
+                                  network="exposed") as c:
+            report["servers"] = sorted(pid for pids in c.pids.values() for pid in pids)
+            report["children"] = sorted(children())
+    report["warnings"] = [str(w.message) for w in caught
+                          if issubclass(w.category, cluster.ExposedClusterWarning)]
+    print("REPORT " + json.dumps(report), flush=True)
+    """
+)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_outside_a_private_network_only_an_explicit_opt_out_starts_a_cluster(tmp_path):
+    script = tmp_path / "exposed.py"
+    script.write_text(EXPOSED_SCRIPT)
+    # This very tfgc, whatever the script's directory and the installed one are.
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(
+        filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    for key in (isolation.SWITCH, "TFGC_PRIVATE_NETWORK"):
+        env.pop(key, None)
+    done = subprocess.run(
+        _in_a_namespace_with_an_interface([sys.executable, str(script), str(tmp_path)]),
+        capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.split("REPORT ", 1)[1])
+    assert "nic0" in report["interfaces"]
+    refused = report["refused"]
+    assert refused is not None, "a private cluster started outside a private network"
+    assert "(nic0" in refused and "without authentication" in refused
+    for advice in ("`tfgc.cluster.isolate()` first thing in main()",
+                   "python -m tfgc.cluster.private", 'network="exposed"',
+                   "TFGC_NETWORK_ISOLATION=0"):
+        assert advice in refused
+    assert report["children_after_refusal"] == [] and not report["logs_after_refusal"]
+    assert len(report["servers"]) == 2 and report["servers"] == report["children"]
+    assert len(report["warnings"]) == 1
+    assert "without authentication" in report["warnings"][0]
+    assert 'network="exposed"' in report["warnings"][0]

@@ -7,6 +7,7 @@ them all on exit. The process that uses the cluster is the "chief" (the
 ParameterServerStrategy coordinator):
 
     from tfgc import cluster
+    cluster.isolate()   # first thing in main(): see "Network isolation" below
     with cluster.LocalCluster(num_ps=1, num_workers=2) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
         ...
@@ -30,11 +31,21 @@ nothing else (`LocalCluster.socket_bytes`, or `task_traffic()` inside a task). E
 address in the cluster spec, and so every connection, is 127.0.0.1.
 
 Network isolation: TensorFlow 2.21's gRPC server listens on the wildcard address (it
-hard-codes "[::]:port" / "0.0.0.0:port") without authentication, so the command line
-above (and `models.train`, `make demo`, `make test`) first moves its process into a
-private network namespace whose only interface is loopback (`isolation`); a script
-that starts a `LocalCluster` itself should call `isolate()` first thing. A cluster
-started outside one warns loudly.
+hard-codes "[::]:port" / "0.0.0.0:port") without authentication, so every cluster is
+private by default: `LocalCluster.start()` refuses (`ExposedClusterError`, whose
+message says what to do) unless its process is in a private network namespace whose
+only interface is loopback (`isolation`). The command line above (and `models.train`,
+`make demo`, `make test`) moves its process into one first; a script that starts a
+`LocalCluster` itself calls `isolate()` first thing in `main()`:
+
+    def main():
+        cluster.isolate()   # before TensorFlow starts threads; may start main again
+        with cluster.LocalCluster(num_ps=1, num_workers=2) as c:
+            ...
+
+Opting out, to reach the tasks from another machine on purpose or where no namespace
+can be made, is explicit and warns loudly: `LocalCluster(..., network="exposed")`, or
+`TFGC_NETWORK_ISOLATION=0` in the environment.
 
 Bandwidth emulation (`bandwidth="10mbit"`, root only, needs `ip` and `tc` from
 iproute2): each task runs in a network namespace of its own, joined to the others by
@@ -59,11 +70,14 @@ from tfgc.cluster.cli import main
 from tfgc.cluster.isolation import ExposedClusterWarning, in_private_network, isolate
 from tfgc.cluster.local import LocalCluster
 from tfgc.cluster.netem import emulation_unavailable, parse_rate, remove_stale_namespaces
-from tfgc.cluster.processes import HOST, JOBS, ClusterError, ClusterTimeout, WorkerResult
+from tfgc.cluster.processes import (
+    HOST, JOBS, ClusterError, ClusterTimeout, ExposedClusterError, WorkerResult,
+)
 from tfgc.cluster.sockets import task_traffic
 
 __all__ = [
     "LocalCluster", "ClusterError", "ClusterTimeout", "WorkerResult", "task_traffic", "main",
-    "isolate", "in_private_network", "ExposedClusterWarning", "parse_rate",
+    "isolate", "in_private_network", "ExposedClusterWarning", "ExposedClusterError",
+    "parse_rate",
     "emulation_unavailable", "remove_stale_namespaces", "HOST", "JOBS",
 ]

@@ -7,9 +7,12 @@ import signal
 import sys
 import time
 
+from tfgc.cluster import isolation
 from tfgc.cluster.local import LocalCluster
 from tfgc.cluster.netem import emulation_unavailable, parse_rate
-from tfgc.cluster.processes import ClusterError, ClusterTimeout, log_tail, progress
+from tfgc.cluster.processes import (
+    ClusterError, ClusterTimeout, ExposedClusterError, log_tail, progress,
+)
 
 
 def _format_bytes(n):
@@ -160,6 +163,14 @@ def main(argv=None):
         reason = emulation_unavailable()
         if reason:
             parser.error(reason)
+
+    try:
+        # The same check as LocalCluster.start(), before anything runs: a refusal is
+        # a message to act on, not a traceback.
+        isolation.check_network(isolation.PRIVATE)
+    except ExposedClusterError as error:
+        print(error, file=sys.stderr, flush=True)
+        return 2
 
     # SIGTERM would otherwise kill us without cleanup (the servers' watchdogs would
     # still end them, half a second later); make it a normal exit instead.

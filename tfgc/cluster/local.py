@@ -45,10 +45,19 @@ class LocalCluster(WorkerScripts, SocketCounters):
       bandwidth: emulate links of this rate between the tasks (tc units: "10mbit",
         "100mbit", "1gbit"): each task runs in a network namespace of its own and
         addresses become the namespaces' IPs. Needs root and iproute2 (`ip`, `tc`).
+      network: "private" (default): `start()` refuses, with an `ExposedClusterError`,
+        unless this process is in a private network namespace (loopback only: see
+        `tfgc.cluster.isolate()`) or `TFGC_NETWORK_ISOLATION=0`, since the servers
+        listen on every interface without authentication. "exposed": start anyway,
+        accepting that any host that reaches a port can run ops in the tasks (with a
+        loud warning where the namespace is not private); the processes started get
+        `TFGC_NETWORK_ISOLATION=0`, so that a worker script calling `isolate()` stays
+        in the cluster's namespace.
 
     Raises:
-      ValueError: bad counts or rate.
+      ValueError: bad counts, rate or network.
       ClusterError: (at start) bandwidth emulation asked for but not possible here.
+      ExposedClusterError: (at start) a private cluster outside a private namespace.
 
     Use it as a context manager (or call `start()` and `stop()`). It is not reusable
     after `stop()`.
@@ -64,6 +73,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
         start_timeout_s=60,
         start_attempts=3,
         bandwidth=None,
+        network=isolation.PRIVATE,
     ):
         if num_ps < 0 or num_workers < 1:
             raise ValueError(
@@ -74,6 +84,9 @@ class LocalCluster(WorkerScripts, SocketCounters):
             raise ValueError("timeout_s and start_timeout_s must be positive")
         if bandwidth is not None:
             parse_rate(bandwidth)  # fail early on a typo
+        if network not in isolation.NETWORKS:
+            raise ValueError(f"network must be one of {', '.join(map(repr, isolation.NETWORKS))}"
+                             f", got {network!r}")
         self.num_ps = int(num_ps)
         self.num_workers = int(num_workers)
         self.timeout_s = float(timeout_s)
@@ -81,6 +94,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
         self.start_attempts = max(1, int(start_attempts))
         self.env = dict(env or {})
         self.bandwidth = bandwidth
+        self.network = network
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir
         self._procs = {}  # (job, index) -> Popen, while running
@@ -116,15 +130,18 @@ class LocalCluster(WorkerScripts, SocketCounters):
         network): the worker scripts start with `run_workers`.
 
         Raises:
+          ExposedClusterError: `network="private"` and this process's network namespace
+            is not private (see `tfgc.cluster.isolate()`); nothing was started.
           ClusterError: a task exited or did not listen in time (the message holds the
             tail of its log), or the emulated network could not be built. No process
             or namespace is left behind.
         """
         if self._started:
             raise RuntimeError("this LocalCluster was already started")
+        # Refuse before anything listens. Never isolate here: moving this process would
+        # also cut the rest of the program off the network, behind its back.
+        isolation.check_network(self.network)
         self._started = True
-        if not isolation.in_private_network():
-            isolation.warn_exposed("it runs in this process's network namespace")
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="tfgc-cluster-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -203,6 +220,9 @@ class LocalCluster(WorkerScripts, SocketCounters):
         env.pop("TF_CONFIG", None)  # servers get their role from the command line
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         env["PYTHONUNBUFFERED"] = "1"  # logs are read while the servers still run
+        if self.network == isolation.EXPOSED:
+            # A worker script that calls isolate() must stay where its peers listen.
+            env[isolation.SWITCH] = "0"
         # The servers must import this very tfgc, also from an uninstalled source tree.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p

@@ -23,6 +23,10 @@ class ClusterError(RuntimeError):
     """A task of a LocalCluster failed to start or died, or the cluster cannot be built."""
 
 
+class ExposedClusterError(ClusterError):
+    """A cluster would listen where other hosts can reach it, and nobody opted out."""
+
+
 class ClusterTimeout(ClusterError):
     """Worker scripts ran past their time limit; `results` holds what each one did."""
 
