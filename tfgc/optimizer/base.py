@@ -98,6 +98,16 @@ class CompressingBase:
         """The variable's position in the optimizer (as for its slots)."""
         raise NotImplementedError
 
+    def _unknown_variable(self, variable, known):
+        """The error for a variable this optimizer was not built with."""
+        return ValueError(
+            f"{type(self).__name__} does not know variable {variable.name}: it was built "
+            f"for {known} other variable(s) (another model's, or this model's made before "
+            "it was rebuilt or outside the strategy's scope). A DistributedOptimizer keeps "
+            "codecs, residuals and slots per variable: make one per model, inside the "
+            "strategy's scope if there is one, or call `optimizer.build(model."
+            "trainable_variables)` once before applying gradients to parts of a model")
+
     def _compression_config(self, config):
         config.update(
             compression=codecs.serialize(self.compression),
@@ -283,6 +293,11 @@ class CompressingBase:
         small-tensor codec below `min_elements`."""
         if self.compresses(variable):
             return self.codec_for(variable)
+        if not variable.dtype.is_floating:
+            raise TypeError(
+                f"a gradient was applied to {variable.name}, a {variable.dtype.name} "
+                "variable: tfgc sends gradients of floating-point variables only (make it "
+                "trainable=False, or leave it out of the (gradient, variable) pairs)")
         return self._uncompressed if self.small_compression is None else self.small_compression
 
     def wire_payload(self, gradient, variable):

@@ -81,7 +81,11 @@ class _Keras3Mixin(CompressingBase):
         return config
 
     def _variable_index(self, variable):
-        return self._get_variable_index(variable)
+        try:
+            return self._get_variable_index(variable)
+        except KeyError:
+            raise self._unknown_variable(
+                variable, len(getattr(self, "_trainable_variables", []))) from None
 
     def build(self, variables):
         super().build(variables)

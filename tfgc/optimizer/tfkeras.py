@@ -44,7 +44,10 @@ class _CompressingMixin(CompressingBase):
         return self._compression_config(super().get_config())
 
     def _variable_index(self, variable):
-        return self._index_dict[self._var_key(variable)]
+        try:
+            return self._index_dict[self._var_key(variable)]
+        except (KeyError, AttributeError):
+            raise self._unknown_variable(variable, len(getattr(self, "_index_dict", {}))) from None
 
     def build(self, var_list):
         self.enable_pulls(var_list)  # all at once: one pull group per parameter server

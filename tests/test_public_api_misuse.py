@@ -1,0 +1,106 @@
+"""Ordinary mistakes through the public API get errors that say what to do."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgc
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _dense_model(tf_keras):
+    return tf_keras.Sequential([tf_keras.layers.Dense(32, input_shape=(64,))])
+
+
+def test_one_optimizer_shared_by_two_models_says_to_make_one_per_model():
+    import tf_keras
+
+    optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                          compression=tfgc.codecs.ThreeLC(1.0))
+    x, y = np.ones((8, 64), "float32"), np.ones((8, 32), "float32")
+    first = _dense_model(tf_keras)
+    first.compile(optimizer, "mse")
+    first.fit(x, y, verbose=0)
+    second = _dense_model(tf_keras)
+    second.compile(optimizer, "mse")
+    with pytest.raises(ValueError, match="does not know variable .*make one per model"):
+        second.fit(x, y, verbose=0)
+
+
+def test_keras3_optimizer_shared_by_two_models_says_to_make_one_per_model():
+    import keras
+
+    optimizer = tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                          compression=tfgc.codecs.ThreeLC(1.0))
+    x, y = np.ones((8, 64), "float32"), np.ones((8, 32), "float32")
+    for attempt in range(2):
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32)])
+        model.compile(optimizer, "mse")
+        if attempt == 0:
+            model.fit(x, y, verbose=0)
+        else:
+            # Keras 3 itself refuses first, or tfgc does: either names the problem.
+            with pytest.raises((ValueError, KeyError), match="(?i)variable"):
+                model.fit(x, y, verbose=0)
+
+
+def test_a_gradient_for_an_integer_variable_names_the_variable():
+    import tf_keras
+
+    counter = tf.Variable(3, name="my_counter")
+    weights = tf.Variable(tf.zeros([64, 32]), name="w")
+    optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                          compression=tfgc.codecs.ThreeLC(1.0))
+    optimizer.build([weights, counter])
+    with pytest.raises(TypeError, match="my_counter.*int32.*floating-point variables only"):
+        optimizer.apply_gradients([(tf.ones([64, 32]), weights), (tf.constant(1), counter)])
+
+
+def _fresh_python(source):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(source)], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_subpackages_are_attributes_of_tfgc():
+    done = _fresh_python("""
+        import tfgc
+        print(tfgc.cluster.isolate.__name__, tfgc.mqgrad.__name__)
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["isolate", "tfgc.mqgrad"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras"])
+def test_loading_a_saved_model_in_a_process_without_tfgc(tmp_path, flavour):
+    path = tmp_path / "model.keras"
+    saved = _fresh_python(f"""
+        import numpy as np, {flavour} as K, tfgc
+        layers = [K.Input((8,))] if "{flavour}" == "keras" else []
+        model = K.Sequential(layers + [K.layers.Dense(4, input_shape=(8,))])
+        model.compile(tfgc.DistributedOptimizer(K.optimizers.SGD(0.1), tfgc.codecs.ThreeLC(1.0)),
+                      "mse")
+        model.fit(np.ones((8, 8)), np.ones((8, 4)), verbose=0)
+        model.save("{path}")
+    """)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    loaded = _fresh_python(f"""
+        import {flavour} as K
+        model = K.models.load_model("{path}")
+        print("LOADED", type(model.optimizer).__name__)
+    """)
+    if flavour == "tf_keras":
+        # The first call succeeds: tf_keras imports the class's module (and so tfgc).
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+        assert "LOADED DistributedSGD" in loaded.stdout
+    else:
+        # Keras 3 imports no module outside Keras: its error shows what to do.
+        assert loaded.returncode != 0
+        assert "import tfgc before keras.saving.load_model" in loaded.stderr
