@@ -15,6 +15,9 @@ exactly, so `models.train --strategy ps` runs each attempt in a child process:
 3. this supervisor then starts a fresh attempt, whose `BackupAndRestore` resumes at the
    first epoch not yet saved, up to `--max-restarts` times.
 
+An attempt whose loss became NaN or infinite exits with `EXIT_DIVERGED`
+(`models.divergence`) and is not restarted: it would resume at the same learning rate.
+
 At most `--backup-every-s` seconds of steps plus one Keras epoch are redone per
 restart. Saving is not free: under ParameterServerStrategy TensorFlow traces a new
 save function for every save, which with ResNet-20 on two cores costs ~1 s of the
@@ -28,6 +31,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+from models.divergence import EXIT_DIVERGED
 
 EXIT_TASK_LOST = 75  # EX_TEMPFAIL: a task of the attempt's cluster died
 
@@ -68,6 +73,9 @@ def run_with_restarts(argv, out, max_restarts):
         if code != EXIT_TASK_LOST:
             if code == 0:
                 clear(out)
+            elif code == EXIT_DIVERGED:
+                # Resuming would redo the same steps at the same learning rate.
+                _log("the loss diverged (see above); not restarting")
             return code
         if attempt < max_restarts:
             _log(f"a task of the cluster died; restarting the cluster and resuming from the "

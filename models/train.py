@@ -45,10 +45,21 @@ Compression specs: ``none``, ``fp16``, ``bf16``, ``int8``, ``threelc:sparsity=1.
 ``topk:ratio=0.01``, ``logquant:bits=4``, ``fastsgd:base=1.1``, ``qsgd:bits=4`` (any
 `tfgc.codecs` class name works, with its constructor arguments after the colon).
 
+Exit status: 0 when the run completed; 1 for other errors; 2 for bad options;
+``divergence.EXIT_DIVERGED`` (3) when the training loss became NaN or infinite: the run
+stops at the first such loss it sees (after that step; under ``ps`` at the end of that
+Keras epoch), prints which model diverged at which step and learning rate, keeps
+``history.csv`` up to there and is not restarted (retry with a lower ``--lr``);
+``supervise.EXIT_TASK_LOST`` (75) when a task of a local ``ps`` cluster died more than
+``--max-restarts`` times.
+
 The recipe follows 3LC for ResNets: SGD with momentum 0.9, weight decay 1e-4, cosine
-decay of the learning rate from --lr to --lr / 100 over the run, the learning rate
+decay of the learning rate from --lr to --lr-final over the run, the learning rate
 scaled by the number of synchronous replicas, per-worker batch 32, random crop (4-pixel
-padding) and horizontal flip.
+padding) and horizontal flip. ``--lr`` defaults per model (`workloads.default_lr`): 0.1
+for the ResNets, 0.01 for mqgrad_cnn (which stays at chance at 0.1), 0.01 (Adam) for
+the sparse models; ResNet-110 warms up linearly from a tenth of it over its first 400
+steps, as He et al. did.
 """
 import contextlib
 import csv
@@ -64,7 +75,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from models import data as data_lib  # noqa: E402
-from models import supervise, workloads  # noqa: E402
+from models import divergence, supervise, workloads  # noqa: E402
 from models.recorder import HISTORY_FIELDS, recorder_classes  # noqa: E402
 from models.train_args import (  # noqa: E402
     build_parser, parse_agent_arguments, parse_compression)
@@ -187,9 +198,13 @@ def train(args):
     try:
         rows = _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
                                  steps_per_epoch, epochs)
-    except BaseException:
+    except BaseException as error:
         if cluster is not None:
             cluster.stop(remove_logs=False)
+        if isinstance(error, divergence.Diverged) and is_chief:
+            # No summary (there is no trained model to test), but the curve up to the
+            # bad loss shows how it diverged.
+            _write_history(out, getattr(error, "rows", []))
         raise
     # The servers keep running until main() is done: TensorFlow unregisters every
     # cluster function on every task when it is freed, and logs an error for each one
@@ -197,10 +212,7 @@ def train(args):
     _ACTIVE_CLUSTERS.extend([cluster] if cluster is not None else [])
 
     if is_chief:
-        with open(os.path.join(out, "history.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
+        _write_history(out, rows)
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         try:
@@ -214,6 +226,13 @@ def train(args):
                 else "")
              + f"; outputs in {out}")
     return summary
+
+
+def _write_history(out, rows):
+    with open(os.path.join(out, "history.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
@@ -267,6 +286,11 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         rows_path=supervise.rows_path(out) if args._attempt else None)
     callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
     callbacks.append(recorder)
+    # After the recorder (the bad loss gets its row), before the backup's save (a
+    # diverged epoch is never saved, so no restart could resume from it).
+    callbacks.append(divergence.stop_on_divergence(
+        args.model, steps_per_epoch, epochs, args.lr, summary["lr_scaled"], args.strategy,
+        per_batch))
     mqgrad = None
     if args.mqgrad is not None:
         # After a restart (--max-restarts) a new agent starts over from its initial bits.
@@ -291,6 +315,9 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
                   callbacks=callbacks,
                   verbose=args.verbose if args.verbose == "auto" else int(args.verbose))
+    except divergence.Diverged as diverged:
+        diverged.rows = recorder.rows  # the history up to the bad loss, for history.csv
+        raise
     except tf.errors.OpError as error:
         dead = _dead_task(cluster)
         if dead is None:
@@ -413,6 +440,15 @@ def launch_workers(args, argv):
                 text = "".join(line for line in f if not line.startswith(("WARNING", "I0000", "E0000", "W0000")))
             sys.stderr.write(text[-6000:])
     failed = [r for r in results if r.returncode != 0]
+    diverged = [r for r in failed if r.returncode == divergence.EXIT_DIVERGED]
+    if diverged:
+        # The other workers were stopped because this one left; say why it did.
+        with open(diverged[0].stderr_path, errors="replace") as f:
+            said = [line.strip().removeprefix("[models.train] ") for line in f
+                    if " diverged: " in line]
+        raise divergence.Diverged(
+            f"MWMS worker {diverged[0].index}: "
+            + (said[-1] if said else f"the loss diverged; see {diverged[0].stderr_path}"))
     if failed:
         r = failed[0]
         raise RuntimeError(
@@ -462,7 +498,7 @@ def main(argv=None):
         parser.error("--pull-compression applies to the image models (a sparse model's "
                      "workers read only the rows of their batch)")
     args.dataset = args.dataset or workload.default_dataset
-    args.lr = workload.default_lr if args.lr is None else args.lr
+    args.lr = workloads.default_lr(args.model) if args.lr is None else args.lr
     if args.name is None:
         dataset = os.path.basename(args.dataset.rpartition(":")[2])
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")
@@ -490,18 +526,30 @@ def main(argv=None):
     if args.strategy == "ps" and not args.tf_config and not args._attempt:
         # Each attempt in a process of its own, so that one can resume after a dead task.
         return supervise.run_with_restarts(args.argv, args.out, args.max_restarts)
-    if args.strategy == "mwms" and not args._worker:
-        os.makedirs(args.out, exist_ok=True)
-        summary = launch_workers(args, args.argv)
-    else:
-        try:
-            summary = train(args)
-        except supervise.TaskLost as lost:
-            _log(f"{lost}; this attempt stops (its last backup is in "
-                 f"{supervise.backup_dir(args.out)})")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(supervise.EXIT_TASK_LOST)
+    try:
+        if args.strategy == "mwms" and not args._worker:
+            os.makedirs(args.out, exist_ok=True)
+            summary = launch_workers(args, args.argv)
+        else:
+            try:
+                summary = train(args)
+            except supervise.TaskLost as lost:
+                _log(f"{lost}; this attempt stops (its last backup is in "
+                     f"{supervise.backup_dir(args.out)})")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(supervise.EXIT_TASK_LOST)
+    except divergence.Diverged as diverged:
+        history = os.path.join(args.out, "history.csv")
+        _log(f"{diverged} (history up to there: {history})"
+             if not args._worker and os.path.exists(history) else str(diverged))
+        if args.strategy == "local" or (args.strategy == "mwms" and not args._worker):
+            return divergence.EXIT_DIVERGED
+        # A parameter-server attempt or an MWMS worker: leave without freeing cluster
+        # functions whose servers are gone (see train()) or waiting on collectives.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(divergence.EXIT_DIVERGED)
     if not args._worker or summary.get("test_accuracy") is not None and args.tf_config:
         print(json.dumps({k: summary.get(k) for k in (
             "name", "dataset", "substitute_for", "test_accuracy", "step_time_s",

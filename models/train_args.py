@@ -2,6 +2,9 @@
 import argparse
 import ast
 
+from models.divergence import EXIT_DIVERGED
+from models.supervise import EXIT_TASK_LOST
+
 STRATEGIES = ("local", "ps", "mwms")
 _CODEC_ALIASES = {
     "none": ("NoCompression", {}),
@@ -86,6 +89,12 @@ def build_parser():
         prog="python -m models.train",
         description="Train a reference model with compressed gradients, locally or on a "
                     "local TF cluster.",
+        epilog=f"Exit status: 0 when the run completed; 1 for other errors; 2 for bad "
+               f"options; "
+               f"{EXIT_DIVERGED} when the training loss became NaN or infinite (the run "
+               f"stops at once, is not restarted, and says which model, step and learning "
+               f"rate: retry with a lower --lr); {EXIT_TASK_LOST} when a task of the local "
+               f"parameter-server cluster died more than --max-restarts times.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
@@ -129,8 +138,9 @@ def build_parser():
         help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")
     add("--batch-size", type=int, default=32, help="per-worker batch")
     add("--lr", type=float, default=None,
-        help="initial learning rate per replica (default: 0.1 for images, SGD; 0.01 for "
-             "sparse models, Adam)")
+        help="initial learning rate per replica, scaled by the synchronous replicas "
+             "(default: SGD with --momentum at 0.1 for the ResNets, 0.01 for mqgrad_cnn; "
+             "Adam at 0.01 for sparse models)")
     add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
     add("--momentum", type=float, default=0.9)
     add("--weight-decay", type=float, default=1e-4,

@@ -8,7 +8,8 @@ optimizer its paper trains it with, and the input pipelines.
   gradient is a `tf.IndexedSlices` over the batch's features, which FastSGD's key
   encoder compresses and the fp32 baseline sends as TensorFlow does (values and rows).
 
-`for_model(name)` picks the workload of a `--model` name.
+`for_model(name)` picks the workload of a `--model` name, `default_lr(name)` its
+default learning rate.
 """
 import numpy as np
 
@@ -26,7 +27,20 @@ class ImageWorkload:
     """
 
     default_dataset = "cifar10"
+    #: `--lr`'s default, per replica (SGD, momentum 0.9): 3LC's 0.1 for the ResNets.
     default_lr = 0.1
+    #: Models that do not train at `default_lr`, and theirs (see `default_lr()`).
+    default_lrs = {
+        # No batch normalization: at 0.1 it stayed at chance on one process and its
+        # loss grew (or became NaN) under parameter servers. 0.01 with momentum 0.9
+        # steps like plain SGD at 0.1; the paper's 0.2 is plain SGD.
+        "mqgrad_cnn": 0.01,
+    }
+    #: Models that start at a tenth of the learning rate and reach it linearly over
+    #: this many steps. He et al. (section 4.2) found 0.1 "slightly too large to start
+    #: converging" ResNet-110 and warmed it up at 0.01 for ~400 iterations; here, at
+    #: 0.1 from the first step, its loss jumped to ~50 and stayed at chance.
+    warmup_steps = {"resnet110": 400}
     #: Error feedback applies (the gradients are dense).
     error_feedback = True
 
@@ -71,12 +85,20 @@ class ImageWorkload:
 
     def inner_optimizer(self, lr, steps):
         """SGD with momentum, its learning rate decayed from `lr` to `--lr-final` over
-        `steps` along a cosine."""
+        `steps` along a cosine (after a linear warm-up from `lr` / 10 for the models of
+        `warmup_steps`, whose decay takes the rest of the steps)."""
         import tf_keras
 
         args = self.args
-        schedule = tf_keras.optimizers.schedules.CosineDecay(
-            initial_learning_rate=lr, decay_steps=max(1, steps), alpha=args.lr_final / args.lr)
+        alpha = args.lr_final / args.lr
+        warmup = self.warmup_steps.get(args.model, 0)
+        if warmup:
+            schedule = tf_keras.optimizers.schedules.CosineDecay(
+                initial_learning_rate=lr / 10, warmup_target=lr, warmup_steps=warmup,
+                decay_steps=max(1, steps - warmup), alpha=alpha)
+        else:
+            schedule = tf_keras.optimizers.schedules.CosineDecay(
+                initial_learning_rate=lr, decay_steps=max(1, steps), alpha=alpha)
         return tf_keras.optimizers.SGD(schedule, momentum=args.momentum)
 
     def train_dataset(self, batch_size):
@@ -124,6 +146,7 @@ class SparseWorkload:
 
     default_dataset = "reuters_corn"
     default_lr = 0.01  # FastSGD's Adam
+    default_lrs = {}
     error_feedback = False
 
     def __init__(self, args):
@@ -165,6 +188,13 @@ class SparseWorkload:
 
     def test_dataset(self):
         return sparse_models.sparse_dataset(self.test, 256, shuffle=False, repeat=False)
+
+
+def default_lr(name):
+    """`--lr`'s default for a `--model` name: the initial learning rate per replica
+    (`models.train` scales it by the synchronous replicas)."""
+    workload = for_model(name)
+    return workload.default_lrs.get(name, workload.default_lr)
 
 
 def for_model(name):
