@@ -4,7 +4,8 @@ import math
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize
+from tfgc.codecs import base
+from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize, check_bits
 
 
 def adaptive_bits(x, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS):
@@ -55,12 +56,15 @@ class AdaptiveQuantize(Quantize):
     """
 
     def __init__(self, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS, name=None):
-        super().__init__(bits=max_bits, name=name)
+        rho = base.check_real(rho, "AdaptiveQuantize rho")
         if not rho > 0:
             raise ValueError(f"rho must be positive, got {rho}")
-        if not MIN_BITS <= min_bits <= max_bits <= MAX_BITS:
+        min_bits = check_bits(min_bits, "AdaptiveQuantize min_bits")
+        max_bits = check_bits(max_bits, "AdaptiveQuantize max_bits")
+        if min_bits > max_bits:
             raise ValueError(f"need {MIN_BITS} <= min_bits <= max_bits <= {MAX_BITS}")
-        self.rho, self.min_bits, self.max_bits = float(rho), int(min_bits), int(max_bits)
+        super().__init__(bits=max_bits, name=name)
+        self.rho, self.min_bits, self.max_bits = rho, min_bits, max_bits
 
     def get_config(self):
         return {"rho": self.rho, "min_bits": self.min_bits, "max_bits": self.max_bits}

@@ -7,10 +7,13 @@ L(v) = ceil(log_b R(v)); values with L > tau are dropped (early stop: |v| < sum 
 never reaches the logarithm). The receiver rebuilds |v| = sum / b^L, which never exceeds
 the true |v| (the paper's deliberate underestimate), with the sign kept.
 """
+import collections.abc
+
 import tensorflow as tf
 
 import tfgc_ops
 from tfgc.codecs import base
+from tfgc.codecs.base import check_integer, check_real  # `base` is also an argument
 
 SIGN_BIT = 0x80
 MAX_THRESHOLD = 128  # L in 1..128 fits the 7 bits beside the sign
@@ -41,12 +44,11 @@ class FastSGD(base.Codec):
     encodes_values_alone = True
 
     def __init__(self, base=1.1, threshold=MAX_THRESHOLD, flag_bits=2):
-        base, threshold = float(base), int(threshold)
+        base = check_real(base, "FastSGD base")
+        threshold = check_integer(threshold, "FastSGD threshold", 1, MAX_THRESHOLD)
         flag_bits = tfgc_ops.check_flag_bits(flag_bits, "FastSGD flag_bits")
         if not base > 1.0:
             raise ValueError(f"FastSGD base must be > 1, got {base}")
-        if not 1 <= threshold <= MAX_THRESHOLD:
-            raise ValueError(f"FastSGD threshold must be in [1, {MAX_THRESHOLD}], got {threshold}")
         self.base, self.threshold, self.flag_bits = base, threshold, flag_bits
 
     def get_config(self):
@@ -126,12 +128,13 @@ class FastSGD(base.Codec):
                 "values": codes, "sum": total, "dtype": tf.zeros([0], values.dtype)}
 
     def decode_values(self, payload, indices, dense_shape):
+        fields = base.check_payload(payload, self.name, _VALUES_FIELDS)
         dense_shape = tf.cast(dense_shape, tf.int64)
         count = tf.size(indices, out_type=tf.int64) * tf.reduce_prod(dense_shape[1:])
-        listed = tf.cast(tfgc_ops.unpack_keys(payload["positions"]), tf.int64)
-        flag = base.check_size(payload["kept_listed"], 1, self.name)
+        listed = tf.cast(tfgc_ops.unpack_keys(fields["positions"]), tf.int64)
+        flag = base.check_size(fields["kept_listed"], 1, self.name, key="kept_listed")
         kept = tf.cond(flag[0] > 0, lambda: listed, lambda: _complement(listed, count))
-        values = self._decoded_values(payload, tf.size(kept))
+        values = self._decoded_values(fields, tf.size(kept))
         # scatter_nd rejects a position outside the rows (a malformed payload).
         flat = tf.scatter_nd(kept[:, None], values, tf.reshape(count, [1]))
         rows = tf.reshape(flat, tf.concat([[-1], dense_shape[1:]], 0))
@@ -143,15 +146,19 @@ class FastSGD(base.Codec):
 
     # --- decoding ------------------------------------------------------------------
 
-    def decode(self, payload):
-        keys = tfgc_ops.unpack_keys(payload["keys"])
-        values = self._decoded_values(payload, tf.size(keys))
-        if "dense_shape" in payload:
-            return self._decode_slices(keys, values, payload["dense_shape"])
-        shape = payload["shape"]
-        n = tf.cast(tf.reduce_prod(shape), tf.int64)
-        dense = tf.scatter_nd(keys[:, None], values, tf.reshape(n, [1]))
-        return tf.reshape(dense, base.static_shape(shape))
+    def decode(self, payload, expected_shape=None):
+        sparse = isinstance(payload, collections.abc.Mapping) and "dense_shape" in payload
+        key = "dense_shape" if sparse else "shape"
+        fields, dims, n = base.checked_payload(
+            self, payload, _SLICES_FIELDS if sparse else _DENSE_FIELDS, expected_shape,
+            key=key, dense=not sparse)
+        keys = tfgc_ops.unpack_keys(fields["keys"])
+        values = self._decoded_values(fields, tf.size(keys))
+        if sparse:
+            return self._decode_slices(keys, values, dims, n)
+        # scatter_nd refuses a key outside the n elements.
+        dense = tf.scatter_nd(keys[:, None], values, tf.reshape(tf.cast(n, tf.int64), [1]))
+        return tf.reshape(dense, dims)
 
     def _decoded_values(self, payload, count):
         """The `count` values of `payload`'s codes (a payload with other than `count`
@@ -162,8 +169,16 @@ class FastSGD(base.Codec):
         values = tf.where(codes & SIGN_BIT > 0, -magnitude, magnitude)
         return tf.cast(values, payload["dtype"].dtype)
 
-    def _decode_slices(self, keys, values, dense_shape):
-        dense_shape = tf.cast(dense_shape, tf.int64)
+    def _decode_slices(self, keys, values, dims, n):
+        """The IndexedSlices of the rows that `keys` (flat indices into the dense shape
+        `dims`, of n elements) fall in."""
+        dense_shape = tf.cast(dims, tf.int64)
+        # A key past the dense shape would make rows past it, each allocated in full.
+        inside = tf.debugging.Assert(
+            tf.reduce_all((keys >= 0) & (keys < n)),
+            [f"{self.name} payload: a key lies outside its dense_shape"])
+        with tf.control_dependencies([inside]):
+            keys = tf.identity(keys)
         row_size = tf.reduce_prod(dense_shape[1:])
         rows, row_of_key = tf.unique(keys // row_size)
         row_values = tf.scatter_nd(
@@ -173,6 +188,17 @@ class FastSGD(base.Codec):
         )
         row_values = tf.reshape(row_values, tf.concat([[-1], dense_shape[1:]], 0))
         return tf.IndexedSlices(row_values, rows, dense_shape)
+
+
+_COMMON_FIELDS = {
+    "values": base.BYTES,  # uint8 codes
+    "sum": base.Field((tf.float32, tf.float64), rank=0),
+    "dtype": base.DTYPE_MARKER,
+}
+_DENSE_FIELDS = dict(_COMMON_FIELDS, keys=base.BYTES, shape=base.SHAPE)
+_SLICES_FIELDS = dict(_COMMON_FIELDS, keys=base.BYTES, dense_shape=base.SHAPE)
+_VALUES_FIELDS = dict(_COMMON_FIELDS, positions=base.BYTES,
+                      kept_listed=base.Field((tf.uint8,), rank=1))
 
 
 def _complement(positions, count):

@@ -123,32 +123,36 @@ class GradiVeQ(base.Codec):
         centred=True,
         pool_slices=False,
     ):
-        if not 0.0 <= float(loss_threshold) < 1.0:
+        check = base.check_integer
+        loss_threshold = base.check_real(loss_threshold, "GradiVeQ loss_threshold")
+        if not 0.0 <= loss_threshold < 1.0:
             raise ValueError(f"GradiVeQ loss_threshold must be in [0, 1), got {loss_threshold}")
-        if slice_multiple is not None and int(slice_multiple) < 1:
-            raise ValueError(f"GradiVeQ slice_multiple must be >= 1, got {slice_multiple}")
-        if reuse is not None and int(reuse) < 1:
-            raise ValueError(f"GradiVeQ reuse must be >= 1 or None, got {reuse}")
-        if int(warmup_steps) < 0:
-            raise ValueError(f"GradiVeQ warmup_steps must be >= 0, got {warmup_steps}")
-        if int(sampling_steps) < 2:
-            raise ValueError(f"GradiVeQ sampling_steps (L_t) must be >= 2, got {sampling_steps}")
-        if int(compressed_steps) < 1:
-            raise ValueError(
-                f"GradiVeQ compressed_steps (L_c) must be >= 1, got {compressed_steps}")
-        if early_stop_loss is not None and float(early_stop_loss) <= 0:
-            raise ValueError(f"GradiVeQ early_stop_loss must be > 0 or None, got {early_stop_loss}")
+        if slice_multiple is not None:
+            slice_multiple = check(slice_multiple, "GradiVeQ slice_multiple", low=1)
+        if reuse is not None:
+            reuse = check(reuse, "GradiVeQ reuse (or None)", low=1)
+        warmup_steps = check(warmup_steps, "GradiVeQ warmup_steps", low=0)
+        sampling_steps = check(sampling_steps, "GradiVeQ sampling_steps (L_t)", low=2)
+        compressed_steps = check(compressed_steps, "GradiVeQ compressed_steps (L_c)", low=1)
+        if early_stop_loss is not None:
+            early_stop_loss = base.check_real(early_stop_loss, "GradiVeQ early_stop_loss")
+            if early_stop_loss <= 0:
+                raise ValueError(
+                    f"GradiVeQ early_stop_loss must be > 0 or None, got {early_stop_loss}")
+        sampling_bucket_size = check(sampling_bucket_size, "GradiVeQ sampling_bucket_size",
+                                     low=1)
         if sampling_bits is not None:
             QSGD(bits=sampling_bits, bucket_size=sampling_bucket_size, seed=0)  # validates them
-        self.loss_threshold = float(loss_threshold)
-        self.slice_multiple = None if slice_multiple is None else int(slice_multiple)
-        self.reuse = None if reuse is None else int(reuse)
-        self.warmup_steps = int(warmup_steps)
-        self.sampling_steps = int(sampling_steps)
-        self.compressed_steps = int(compressed_steps)
-        self.early_stop_loss = None if early_stop_loss is None else float(early_stop_loss)
-        self.sampling_bits = None if sampling_bits is None else int(sampling_bits)
-        self.sampling_bucket_size = int(sampling_bucket_size)
+            sampling_bits = int(sampling_bits)
+        self.loss_threshold = loss_threshold
+        self.slice_multiple = slice_multiple
+        self.reuse = reuse
+        self.warmup_steps = warmup_steps
+        self.sampling_steps = sampling_steps
+        self.compressed_steps = compressed_steps
+        self.early_stop_loss = early_stop_loss
+        self.sampling_bits = sampling_bits
+        self.sampling_bucket_size = sampling_bucket_size
         self.seed = seed
         self.centred = bool(centred)
         self.pool_slices = bool(pool_slices)
@@ -187,7 +191,7 @@ class GradiVeQ(base.Codec):
             "returned GradiVeQLayer (tfgc.DistributedOptimizer does this for you)"
         )
 
-    def decode(self, payload):
+    def decode(self, payload, expected_shape=None):
         self.encode(None)
 
 
@@ -339,8 +343,18 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
         return payload, self._reconstruct(payload)
 
     @plain_python
-    def decode(self, payload):
-        """Decodes `payload` and advances the schedule by one step (see the class doc)."""
+    def decode(self, payload, expected_shape=None):
+        """Decodes `payload` and advances the schedule by one step (see the class doc).
+
+        The decoding has the bound kernel's shape; `expected_shape`, if given, must be it.
+        """
+        if expected_shape is not None:
+            expected = base.static_dims(expected_shape, self.name)
+            if expected != self.kernel_shape:
+                raise base.MalformedPayloadError(
+                    f"{self.name}: decodes kernels of shape {self.kernel_shape}, expected "
+                    f"{expected}")
+        payload = base.check_payload(payload, self.name, self._payload_fields())
         total = self._reconstruct(payload)
         votes = payload.get("votes")
         votes = tf.reduce_sum(votes) if votes is not None else tf.constant(0.0)
@@ -360,6 +374,19 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
             advanced = self._schedule_lock.execute(advance, exclusive_resource_access=False)
         with tf.control_dependencies([advanced]):
             return tf.identity(total)
+
+    def _payload_fields(self):
+        """What `decode` accepts: `_encode`'s keys and dtypes."""
+        fields = {
+            "phase": base.Field((tf.int32,), rank=0),
+            "dense": base.FLOAT_VECTOR,
+            "coefficients": base.Field((tf.float32,), rank=1),
+            "qsgd_data": base.BYTES,
+            "qsgd_norms": base.Field((tf.float32,), rank=1),
+        }
+        if self.settings.early_stop_loss is not None:
+            fields["votes"] = base.Field((tf.float32,), rank=1)
+        return fields
 
     def _encode(self, x, num_workers):
         x = base.check_floating(x, self.name)
@@ -542,4 +569,5 @@ class _SeededQSGD(QSGD):
         return payload["data"], tf.cast(payload["norms"], tf.float32)
 
     def decode_parts(self, data, norms, n):
-        return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)})
+        return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)},
+                           expected_shape=[n])

@@ -1,4 +1,7 @@
 """The uncompressed baseline and the 16-bit casts practitioners compare against first."""
+import collections.abc
+
+import numpy as np
 import tensorflow as tf
 
 from tfgc.codecs import base
@@ -20,10 +23,11 @@ class NoCompression(base.Codec):
             return _slices_payload(x, self.name)
         return {"values": base.check_floating(x, self.name)}
 
-    def decode(self, payload):
-        if "indices" in payload:
-            return _slices_from_payload(payload, self.name)
-        return payload["values"]
+    def decode(self, payload, expected_shape=None):
+        if isinstance(payload, collections.abc.Mapping) and "indices" in payload:
+            return _slices_from_payload(self, payload, expected_shape)
+        fields = base.check_payload(payload, self.name, _DENSE_FIELDS)
+        return base.check_decoded_field(fields["values"], self, expected_shape)
 
     def encode_and_reconstruct(self, x):
         payload = self.encode(x)
@@ -67,8 +71,13 @@ class Cast(base.FlatBatchCodec):
             x = tf.where(tf.math.is_finite(x), tf.clip_by_value(x, -largest, largest), x)
         return tf.cast(x, self.dtype)
 
-    def decode(self, payload):
-        return tf.cast(payload["values"], payload["dtype"].dtype)
+    def decode(self, payload, expected_shape=None):
+        fields = base.check_payload(payload, self.name, self._fields())
+        values = base.check_decoded_field(fields["values"], self, expected_shape)
+        return tf.cast(values, fields["dtype"].dtype)
+
+    def _fields(self):
+        return {"values": base.Field((self.dtype,)), "dtype": base.DTYPE_MARKER}
 
     # The batch is already one vector: its payload is that vector's.
 
@@ -77,7 +86,8 @@ class Cast(base.FlatBatchCodec):
         return payload, self.decode(payload)
 
     def decode_flat_batch(self, payload, shapes):
-        return self.decode(payload)
+        total = sum(tf.TensorShape(shape).num_elements() for shape in shapes)
+        return self.decode(payload, expected_shape=[total])
 
 
 def _slices_payload(slices, codec_name):
@@ -93,11 +103,31 @@ def _slices_payload(slices, codec_name):
     }
 
 
-def _slices_from_payload(payload, codec_name):
+_DENSE_FIELDS = {"values": base.Field(base.FLOATING)}
+_SLICES_FIELDS = {
+    "values": base.FLOAT_VECTOR,
+    "indices": base.Field(base.INDEX_DTYPES, rank=1),
+    "dense_shape": base.SHAPE,
+}
+
+
+def _slices_from_payload(codec, payload, expected_shape):
     """Inverse of `_slices_payload`; a payload whose values do not fill its rows fails."""
-    dense_shape = payload["dense_shape"]
-    row_shape = dense_shape[1:]
-    expected = tf.size(payload["indices"], out_type=tf.int64) * tf.reduce_prod(row_shape)
-    values = base.check_size(payload["values"], expected, codec_name)
-    values = tf.reshape(values, tf.concat([[-1], row_shape], 0))
-    return tf.IndexedSlices(values, payload["indices"], dense_shape)
+    fields, dims, n = base.checked_payload(codec, payload, _SLICES_FIELDS, expected_shape,
+                                           key="dense_shape", dense=False)
+    indices = fields["indices"]
+    count = tf.size(indices, out_type=tf.int64)
+    if isinstance(dims, list):  # known while the decode is built: no ops for the shapes
+        row_size = int(np.prod(dims[1:], dtype=np.int64))
+        values = base.check_size(fields["values"], count * row_size, codec.name, key="values")
+        values = tf.reshape(values, [-1] + dims[1:])
+        dense_shape = tf.constant(dims, tf.int64, shape=[len(dims)])
+        if tf.is_tensor(n):  # the declared shape is checked when the decode runs
+            with tf.control_dependencies([n]):
+                dense_shape = tf.identity(dense_shape)
+    else:
+        dense_shape = dims
+        expected = count * tf.reduce_prod(dense_shape[1:])
+        values = base.check_size(fields["values"], expected, codec.name, key="values")
+        values = tf.reshape(values, tf.concat([[-1], dense_shape[1:]], 0))
+    return tf.IndexedSlices(values, indices, dense_shape)

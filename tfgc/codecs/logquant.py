@@ -22,8 +22,7 @@ class LogQuant(base.ReconstructingCodec):
     """
 
     def __init__(self, bits=4):
-        quantize.check_bits(bits)
-        self.bits = int(bits)
+        self.bits = quantize.check_bits(bits, "LogQuant bits")
 
     def get_config(self):
         return {"bits": self.bits}
@@ -44,9 +43,16 @@ class LogQuant(base.ReconstructingCodec):
         }
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload):
-        shape = payload["shape"]
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
         # One pass of C++: level m >= 1 is +-scale * 2^(1 - m), 0 is 0.
-        values = tfgc_ops.log_levels_decode(payload["data"], payload["scale"],
-                                            tf.reduce_prod(shape), self.bits)
-        return tf.reshape(tf.cast(values, payload["dtype"].dtype), base.static_shape(shape))
+        values = tfgc_ops.log_levels_decode(fields["data"], fields["scale"], n, self.bits)
+        return tf.reshape(tf.cast(values, fields["dtype"].dtype), dims)
+
+
+_FIELDS = {
+    "data": base.BYTES,
+    "scale": base.Field((tf.float32,), rank=0),
+    "dtype": base.DTYPE_MARKER,
+    "shape": base.SHAPE,
+}

@@ -33,10 +33,18 @@ class OneBit(base.ReconstructingCodec):
         values = tf.where(flat >= 0, positive, negative)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        data = base.check_size(payload["data"], bitpack.packed_size(n, 1), self.name)
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
+        base.check_same_dtype(fields, ["positive", "negative"], self.name)
+        data = base.check_size(fields["data"], bitpack.packed_size(n, 1), self.name)
         upper = bitpack.unpack_bits(data, 1, n) > 0
-        values = tf.where(upper, payload["positive"], payload["negative"])
-        return tf.reshape(values, base.static_shape(shape))
+        values = tf.where(upper, fields["positive"], fields["negative"])
+        return tf.reshape(values, dims)
+
+
+_FIELDS = {
+    "data": base.BYTES,
+    "positive": base.FLOAT_SCALAR,
+    "negative": base.FLOAT_SCALAR,
+    "shape": base.SHAPE,
+}

@@ -27,8 +27,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
                 raise TypeError(f"Quantize bits variable must be int32, got {bits.dtype.name}")
             self.bits = bits
         else:
-            check_bits(bits)
-            self.bits = tf.Variable(int(bits), dtype=tf.int32, trainable=False, name="bits")
+            self.bits = tf.Variable(check_bits(bits), dtype=tf.int32, trainable=False, name="bits")
 
     def get_config(self):
         return {"bits": int(self.bits.numpy())}
@@ -73,16 +72,16 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         }
         return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        bits = tf.cast(payload["bits"], tf.int32)
-        data = base.check_size(payload["data"], bitpack.packed_size(n, bits), self.name)
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
+        base.check_same_dtype(fields, ["min", "max"], self.name)
+        bits = _payload_bits(fields["bits"], self.name)
+        data = base.check_size(fields["data"], bitpack.packed_size(n, bits), self.name)
         codes = tf.cast(bitpack.unpack_bits(data, bits, n), tf.float32)
-        low = tf.cast(payload["min"], tf.float32)
-        step = (tf.cast(payload["max"], tf.float32) - low) / _levels(bits)
-        values = tf.cast(low + codes * step, payload["min"].dtype)
-        return tf.reshape(values, base.static_shape(shape))
+        low = tf.cast(fields["min"], tf.float32)
+        step = (tf.cast(fields["max"], tf.float32) - low) / _levels(bits)
+        values = tf.cast(low + codes * step, fields["min"].dtype)
+        return tf.reshape(values, dims)
 
     def _bits_for(self, value_range, size):
         """The bits to quantize a tensor with, given its `tfgc_ops.value_range` and size:
@@ -101,14 +100,40 @@ class Quantize(tf.Module, base.ReconstructingCodec):
             return tf.identity(bits)
 
 
+_FIELDS = {
+    "data": base.BYTES,
+    "min": base.FLOAT_SCALAR,
+    "max": base.FLOAT_SCALAR,
+    "bits": base.Field((tf.uint8,), rank=0),
+    "shape": base.SHAPE,
+}
+
+
+def _payload_bits(bits, codec_name):
+    """A payload's uint8 `bits` as int32, once checked to be in [MIN_BITS, MAX_BITS]
+    (0 bits would divide by zero levels)."""
+    value = tf.get_static_value(bits)
+    if value is not None:
+        if not MIN_BITS <= int(value) <= MAX_BITS:
+            raise base.MalformedPayloadError(
+                f"{codec_name} payload: bits must be in [{MIN_BITS}, {MAX_BITS}], got {int(value)}")
+        return tf.constant(int(value), tf.int32)
+    bits = tf.cast(bits, tf.int32)
+    check = tf.debugging.Assert(
+        (bits >= MIN_BITS) & (bits <= MAX_BITS),
+        [f"{codec_name} payload: bits must be in [{MIN_BITS}, {MAX_BITS}], got", bits])
+    with tf.control_dependencies([check]):
+        return tf.identity(bits)
+
+
 def _levels(bits):
     """The largest K-bit code, 2^K - 1, as float32."""
     return tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
 
 
-def check_bits(bits):
-    if not MIN_BITS <= int(bits) <= MAX_BITS:
-        raise ValueError(f"bits must be in [{MIN_BITS}, {MAX_BITS}], got {bits}")
+def check_bits(bits, what="bits"):
+    """`bits` as an int once checked to be an integer in [MIN_BITS, MAX_BITS]."""
+    return base.check_integer(bits, what, MIN_BITS, MAX_BITS)
 
 
 class Int8(base.ReconstructingCodec):
@@ -132,10 +157,19 @@ class Int8(base.ReconstructingCodec):
         reconstructed = tf.cast(q, tf.float32) * scale
         return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
-    def decode(self, payload):
-        scale = payload["scale"]
-        values = tf.cast(tf.cast(payload["data"], tf.float32) * tf.cast(scale, tf.float32), scale.dtype)
-        return tf.reshape(values, base.static_shape(payload["shape"]))
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _INT8_FIELDS, expected_shape)
+        data = base.check_size(fields["data"], n, self.name)
+        scale = fields["scale"]
+        values = tf.cast(tf.cast(data, tf.float32) * tf.cast(scale, tf.float32), scale.dtype)
+        return base.with_static_shape(values, dims)
+
+
+_INT8_FIELDS = {
+    "data": base.Field((tf.int8,), rank=1),
+    "scale": base.FLOAT_SCALAR,
+    "shape": base.SHAPE,
+}
 
 
 def _int8_codes(x):

@@ -55,19 +55,20 @@ class Sparsify(base.ReconstructingCodec):
         }
         return payload, tf.reshape(tf.where(keep, flat, tf.zeros_like(flat)), tf.shape(x))
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        dtype = payload["values"].dtype
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _SPARSIFY_FIELDS, expected_shape)
+        dtype = fields["values"].dtype
         if dtype in _THROUGH_FLOAT32:  # the op checks both sizes before allocating
-            values = tf.cast(payload["values"], tf.float32)
-            dense = tfgc_ops.bitmap_expand(payload["bitmap"], values, n)
-            return tf.reshape(tf.cast(dense, dtype), base.static_shape(shape))
-        bitmap = base.check_size(payload["bitmap"], bitpack.packed_size(n, 1), self.name)
+            values = tf.cast(fields["values"], tf.float32)
+            dense = tfgc_ops.bitmap_expand(fields["bitmap"], values, n)
+            return tf.reshape(tf.cast(dense, dtype), dims)
+        bitmap = base.check_size(fields["bitmap"], bitpack.packed_size(n, 1), self.name,
+                                 key="bitmap")
         positions = tf.where(bitpack.unpack_bits(bitmap, 1, n) > 0)
-        values = base.check_size(payload["values"], tf.shape(positions)[0], self.name)
+        values = base.check_size(fields["values"], tf.shape(positions)[0], self.name,
+                                 key="values")
         dense = tf.scatter_nd(positions, values, tf.reshape(tf.cast(n, tf.int64), [1]))
-        return tf.reshape(dense, base.static_shape(shape))
+        return tf.reshape(dense, dims)
 
 
 class TopK(base.ReconstructingCodec):
@@ -107,12 +108,23 @@ class TopK(base.ReconstructingCodec):
         dense = tf.scatter_nd(indices[:, None], values, tf.shape(flat))
         return payload, tf.reshape(dense, tf.shape(x))
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        n = tf.reduce_prod(shape)
-        values = base.check_size(payload["values"], tf.size(payload["indices"]), self.name)
-        dense = tf.scatter_nd(payload["indices"][:, None], values, tf.reshape(n, [1]))
-        return tf.reshape(dense, base.static_shape(shape))
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _TOPK_FIELDS, expected_shape)
+        indices = fields["indices"]
+        values = base.check_size(fields["values"], tf.size(indices), self.name, key="values")
+        # n is at most MAX_ELEMENTS (checked), so it fits int32 indices; scatter_nd
+        # refuses an index outside it.
+        size = tf.reshape(tf.cast(n, indices.dtype), [1])
+        dense = tf.scatter_nd(indices[:, None], values, size)
+        return tf.reshape(dense, dims)
+
+
+_SPARSIFY_FIELDS = {"bitmap": base.BYTES, "values": base.FLOAT_VECTOR, "shape": base.SHAPE}
+_TOPK_FIELDS = {
+    "indices": base.Field(base.INDEX_DTYPES, rank=1),
+    "values": base.FLOAT_VECTOR,
+    "shape": base.SHAPE,
+}
 
 
 def largest(magnitude, k):
@@ -174,7 +186,7 @@ def _bin_of_rank(counts, k, above_all=0):
 
 def _share(value, what):
     """`value` as a float once checked to be a share of the values, in (0, 1]."""
-    value = float(value)
+    value = base.check_real(value, what)
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{what} must be in (0, 1], got {value}")
     return value

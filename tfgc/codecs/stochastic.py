@@ -37,12 +37,14 @@ class StochasticTernary(base.StochasticCodec):
         values = tfgc_ops.quartic_unfold(data, tf.size(flat), scale)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        scale = payload["scale"]
-        values = tfgc_ops.quartic_unfold(payload["data"], tf.reduce_prod(shape),
-                                         tf.cast(scale, tf.float32))
-        return tf.reshape(tf.cast(values, scale.dtype), base.static_shape(shape))
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _TERNARY_FIELDS, expected_shape)
+        scale = fields["scale"]
+        values = tfgc_ops.quartic_unfold(fields["data"], n, tf.cast(scale, tf.float32))
+        return tf.reshape(tf.cast(values, scale.dtype), dims)
+
+
+_TERNARY_FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
 
 
 class QSGD(base.StochasticCodec):
@@ -67,12 +69,11 @@ class QSGD(base.StochasticCodec):
     unbiased = True
 
     def __init__(self, bits=4, bucket_size=512, seed=None):
-        quantize.check_bits(bits)
-        if int(bucket_size) < 1:
-            raise ValueError(f"QSGD bucket_size must be >= 1, got {bucket_size}")
+        bits = quantize.check_bits(bits, "QSGD bits")
+        bucket_size = base.check_integer(bucket_size, "QSGD bucket_size", low=1)
         super().__init__(seed=seed, name="qsgd")
-        self.bits = int(bits)
-        self.bucket_size = int(bucket_size)
+        self.bits = bits
+        self.bucket_size = bucket_size
         self.levels = 2 ** (self.bits - 1) - 1
 
     def get_config(self):
@@ -92,9 +93,12 @@ class QSGD(base.StochasticCodec):
         values = tfgc_ops.qsgd_decode(data, norms, tf.size(flat), self.bits, self.bucket_size)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        norms = payload["norms"]
-        values = tfgc_ops.qsgd_decode(payload["data"], tf.cast(norms, tf.float32),
-                                      tf.reduce_prod(shape), self.bits, self.bucket_size)
-        return tf.reshape(tf.cast(values, norms.dtype), base.static_shape(shape))
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _QSGD_FIELDS, expected_shape)
+        norms = fields["norms"]
+        values = tfgc_ops.qsgd_decode(fields["data"], tf.cast(norms, tf.float32), n,
+                                      self.bits, self.bucket_size)
+        return tf.reshape(tf.cast(values, norms.dtype), dims)
+
+
+_QSGD_FIELDS = {"data": base.BYTES, "norms": base.FLOAT_VECTOR, "shape": base.SHAPE}

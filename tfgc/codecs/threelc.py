@@ -56,6 +56,10 @@ def _shape_for_unfold(x):
     return static if static.is_fully_defined() else tf.shape(x)
 
 
+_FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
+_BATCH_FIELDS = {"data": base.BYTES, "scales": base.FLOAT_VECTOR}
+
+
 class ThreeLC(base.FlatBatchCodec):
     """3-value quantization + quartic encoding + zero-run encoding.
 
@@ -81,7 +85,7 @@ class ThreeLC(base.FlatBatchCodec):
     CODERS = ("zre", "entropy")
 
     def __init__(self, sparsity=1.0, coder="zre"):
-        sparsity = float(sparsity)
+        sparsity = base.check_real(sparsity, "ThreeLC sparsity")
         if not 1.0 <= sparsity < 2.0:
             raise ValueError(f"ThreeLC sparsity must be in [1, 2), got {sparsity}")
         if coder not in self.CODERS:
@@ -130,12 +134,13 @@ class ThreeLC(base.FlatBatchCodec):
         }
         return payload, folded
 
-    def decode(self, payload):
-        shape = payload["shape"]
-        groups = quartic.groups_for(tf.reduce_prod(tf.cast(shape, tf.int64)))[None]
-        folded = self._expand(payload["data"], groups)
-        values = self._unfold_and_scale(folded, payload["scale"], shape)
-        return tf.reshape(values, base.static_shape(shape))
+    def decode(self, payload, expected_shape=None):
+        fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
+        # What is known while the decode is built takes no ops.
+        groups = [quartic.groups_for(n)] if isinstance(n, int) else quartic.groups_for(n)[None]
+        folded = self._expand(fields["data"], groups)
+        shape = tf.TensorShape(dims) if isinstance(dims, list) else dims
+        return self._unfold_and_scale(folded, fields["scale"], shape)
 
     def encode_flat_batch(self, flat, shapes):
         dtype = flat.dtype
@@ -155,7 +160,9 @@ class ThreeLC(base.FlatBatchCodec):
 
     def decode_flat_batch(self, payload, shapes):
         sizes = _sizes(shapes)
-        folded = self._expand(payload["data"], [quartic.groups_for(size) for size in sizes])
-        scales = payload["scales"]
+        fields = base.check_payload(payload, self.name, _BATCH_FIELDS)
+        # One scale per tensor, named here before the bytes are expanded.
+        scales = base.check_size(fields["scales"], len(sizes), self.name, key="scales")
+        folded = self._expand(fields["data"], [quartic.groups_for(size) for size in sizes])
         values = tfgc_ops.batch_quartic_unfold(folded, tf.cast(scales, tf.float32), sizes)
         return tf.cast(values, scales.dtype)

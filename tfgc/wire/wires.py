@@ -184,8 +184,9 @@ class AllReduceWire(Wire):
         for position, payload in summed:
             variable = grads_and_vars[position][1]
             codec = self.sender.wire_codec(variable)
-            received[position] = (payload["values"] if not self.sender.compresses(variable)
-                                  else codec.decode(payload))
+            received[position] = (
+                payload["values"] if not self.sender.compresses(variable)
+                else base.decode_expecting(codec, payload, variable.shape))
         for bucket in self._buckets(gathered, grads_and_vars):
             for position, total, count in self._all_gather(context, bucket, grads_and_vars):
                 received[position], nbytes[position] = total, count
@@ -244,7 +245,9 @@ class AllReduceWire(Wire):
         for replica_message in messages:
             unpacked = layout.unpack(replica_message, name="all-gathered fused message")
             for i, ((position, _), payload) in enumerate(zip(bucket, unpacked)):
-                decoded = self.sender.wire_codec(grads_and_vars[position][1]).decode(payload)
+                variable = grads_and_vars[position][1]
+                decoded = base.decode_expecting(self.sender.wire_codec(variable), payload,
+                                                variable.shape)
                 if isinstance(decoded, tf.IndexedSlices):  # sparse codecs' (FastSGD)
                     decoded = tf.convert_to_tensor(decoded)
                 totals[i] = decoded if totals[i] is None else totals[i] + decoded
