@@ -79,8 +79,8 @@ class ErrorFeedback(tf.Module, base.Codec):
         x = tf.convert_to_tensor(x)
         return feedback_step(self.codec, x, self.residual(key, x.shape, x.dtype))
 
-    def decode(self, payload):
-        return self.codec.decode(payload)
+    def decode(self, payload, expected_shape=None):
+        return self.codec.decode(payload, expected_shape=expected_shape)
 
     def __repr__(self):
         return f"ErrorFeedback({self.codec!r})"

@@ -18,7 +18,9 @@
 | GradiVeQ(lambda, ...) | GradiVeQ      | 32 d / K (conv kernels)     | yes      | no         |
 """
 from tfgc.codecs.adaptive import AdaptiveQuantize
-from tfgc.codecs.base import Codec, StochasticCodec, payload_nbytes
+from tfgc.codecs.base import (
+    MAX_DECODED_ELEMENTS, Codec, MalformedPayloadError, StochasticCodec, payload_nbytes,
+)
 from tfgc.codecs.fastsgd import FastSGD
 from tfgc.codecs.gradiveq import GradiVeQ
 from tfgc.codecs.identity import Cast, NoCompression
@@ -76,5 +78,5 @@ __all__ = [
     "Codec", "StochasticCodec", "payload_nbytes", "register", "serialize", "deserialize",
     "lookup", "names", "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary",
     "OneBit", "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "AdaptiveQuantize",
-    "QSGD", "GradiVeQ",
+    "QSGD", "GradiVeQ", "MalformedPayloadError", "MAX_DECODED_ELEMENTS",
 ]
