@@ -58,8 +58,8 @@ decay of the learning rate from --lr to --lr-final over the run, the learning ra
 scaled by the number of synchronous replicas, per-worker batch 32, random crop (4-pixel
 padding) and horizontal flip. ``--lr`` defaults per model (`workloads.default_lr`): 0.1
 for the ResNets, 0.01 for mqgrad_cnn (which stays at chance at 0.1), 0.01 (Adam) for
-the sparse models; ResNet-110 warms up linearly from a tenth of it over its first 400
-steps, as He et al. did.
+the sparse models. ResNets deeper than ResNet-20 warm up linearly from a tenth of it
+over their first 400 steps, as He et al. did for ResNet-110.
 """
 import contextlib
 import csv

@@ -140,7 +140,8 @@ def build_parser():
     add("--lr", type=float, default=None,
         help="initial learning rate per replica, scaled by the synchronous replicas "
              "(default: SGD with --momentum at 0.1 for the ResNets, 0.01 for mqgrad_cnn; "
-             "Adam at 0.01 for sparse models)")
+             "Adam at 0.01 for sparse models). ResNets deeper than 20 layers warm up "
+             "linearly from a tenth of it over their first 400 steps")
     add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
     add("--momentum", type=float, default=0.9)
     add("--weight-decay", type=float, default=1e-4,

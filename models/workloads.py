@@ -36,11 +36,14 @@ class ImageWorkload:
         # steps like plain SGD at 0.1; the paper's 0.2 is plain SGD.
         "mqgrad_cnn": 0.01,
     }
-    #: Models that start at a tenth of the learning rate and reach it linearly over
-    #: this many steps. He et al. (section 4.2) found 0.1 "slightly too large to start
-    #: converging" ResNet-110 and warmed it up at 0.01 for ~400 iterations; here, at
-    #: 0.1 from the first step, its loss jumped to ~50 and stayed at chance.
-    warmup_steps = {"resnet110": 400}
+    #: ResNets deeper than this start at a tenth of the learning rate and reach it
+    #: linearly over `warmup_steps`. He et al. (section 4.2) found 0.1 "slightly too
+    #: large to start converging" ResNet-110 and warmed it up at 0.01 for ~400
+    #: iterations. Here, at 0.1 from the first step, the loss of ResNet-32 to -110
+    #: jumped to 8-50 within ten steps and their accuracy was near chance after 60;
+    #: ResNet-20 (3LC's and the demo's) trains without.
+    warmup_above_depth = 20
+    warmup_steps = 400
     #: Error feedback applies (the gradients are dense).
     error_feedback = True
 
@@ -85,13 +88,13 @@ class ImageWorkload:
 
     def inner_optimizer(self, lr, steps):
         """SGD with momentum, its learning rate decayed from `lr` to `--lr-final` over
-        `steps` along a cosine (after a linear warm-up from `lr` / 10 for the models of
-        `warmup_steps`, whose decay takes the rest of the steps)."""
+        `steps` along a cosine; ResNets deeper than `warmup_above_depth` first warm up
+        linearly from `lr` / 10 over `warmup_steps`, and decay over the rest."""
         import tf_keras
 
         args = self.args
         alpha = args.lr_final / args.lr
-        warmup = self.warmup_steps.get(args.model, 0)
+        warmup = self.warmup_steps if _resnet_depth(args.model) > self.warmup_above_depth else 0
         if warmup:
             schedule = tf_keras.optimizers.schedules.CosineDecay(
                 initial_learning_rate=lr / 10, warmup_target=lr, warmup_steps=warmup,
@@ -190,6 +193,12 @@ class SparseWorkload:
         return sparse_models.sparse_dataset(self.test, 256, shuffle=False, repeat=False)
 
 
+def _resnet_depth(name):
+    """The depth of a "resnetN" model name, 0 for other models."""
+    suffix = name[len("resnet"):]
+    return int(suffix) if name.startswith("resnet") and suffix.isdigit() else 0
+
+
 def default_lr(name):
     """`--lr`'s default for a `--model` name: the initial learning rate per replica
     (`models.train` scales it by the synchronous replicas)."""
@@ -201,7 +210,7 @@ def for_model(name):
     """The workload class of a `--model` name."""
     if name in sparse_models.LOSSES:
         return SparseWorkload
-    if name == "mqgrad_cnn" or (name.startswith("resnet") and name[len("resnet"):].isdigit()):
+    if name == "mqgrad_cnn" or _resnet_depth(name):
         return ImageWorkload
     raise ValueError(f"unknown model {name!r}; use {IMAGE_MODELS}, or a sparse linear "
                      f"model: {', '.join(sparse_models.LOSSES)}")

@@ -92,9 +92,11 @@ def test_default_learning_rates_per_model():
 
 
 @pytest.mark.parametrize("model, first, at_400, last", [
+    ("resnet8", 0.1, None, 0.001),
     ("resnet20", 0.1, None, 0.001),
     ("mqgrad_cnn", 0.01, None, 0.001),
     # He et al.'s warm-up: from a tenth, the full rate after 400 steps, then the decay.
+    ("resnet32", 0.01, 0.1, 0.001),
     ("resnet110", 0.01, 0.1, 0.001),
 ])
 def test_image_learning_rate_schedules(model, first, at_400, last):
