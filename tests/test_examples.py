@@ -1,5 +1,6 @@
 """The tutorial ports in examples/ run (short) as a user runs them, and change few lines."""
 import os
+import re
 import subprocess
 import sys
 
@@ -52,3 +53,53 @@ def test_parameter_server_training():
     # More than the all-reduce ports: the local cluster, compressed pulls, and building
     # the model and optimizer before fit (PerWorkerVariables cannot be made in a step).
     assert len(tfgc_lines("parameter_server_training.py")) <= 12
+
+
+def marked_code_lines(name):
+    """The lines marked `# tfgc`, less the docstring's mention of the mark."""
+    return [line for line in tfgc_lines(name) if "`# tfgc`" not in line]
+
+
+def numbers(line):
+    """The numbers of a summary line, in order (not those inside names: "fp32")."""
+    return [float(word) for word in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)", line)]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_server_custom_loop():
+    short = ["--num-epochs", "2", "--steps-per-epoch", "5", "--num-workers", "2"]
+    script = os.path.join(EXAMPLES, "parameter_server_custom_loop.py")
+    compressed, fp32 = run([script, *short]), run([script, *short, "--fp32"])
+    epochs = [line for line in compressed.splitlines() if line.startswith("Finished epoch")]
+    assert len(epochs) == 2 and numbers(epochs[-1])[-1] < numbers(epochs[0])[-1], epochs
+    summary = next(line for line in compressed.splitlines() if line.startswith("steps "))
+    steps, on_sockets, pushed, dense_push = numbers(summary)
+    fp32_summary = next(line for line in fp32.splitlines() if line.startswith("steps "))
+    fp32_steps, fp32_on_sockets = numbers(fp32_summary)
+    assert steps == fp32_steps == 11 and "counted" not in fp32_summary
+    # The fused messages cross the sockets with TensorFlow's own requests on top, and
+    # the sockets carry far less than the tutorial's uncompressed steps did.
+    assert 0 < pushed < dense_push / 10 and pushed <= on_sockets < fp32_on_sockets / 5, (
+        summary, fp32_summary)
+    # Beyond the cluster (4 lines): import tfgc, the optimizer (2), its byte counts.
+    assert len(marked_code_lines("parameter_server_custom_loop.py")) <= 8
+
+
+@pytest.mark.slow
+def test_mixed_precision():
+    out = run([os.path.join(EXAMPLES, "mixed_precision.py"), "--epochs", "3"])
+    assert "Compute dtype: float16" in out and "Outputs dtype: float32" in out
+    # fit's epochs (the progress bar's last line each) and the custom loop's.
+    fit_losses = [float(m) for m in re.findall(r"step - loss: ([\d.]+)", out)]
+    loop_losses = [numbers(line)[1] for line in out.splitlines() if line.startswith("Epoch ")
+                   and "loss=" in line]
+    assert len(fit_losses) == len(loop_losses) == 3
+    assert fit_losses[-1] < fit_losses[0] and loop_losses[-1] < loop_losses[0]
+    summary = next(line for line in out.splitlines() if "B of fp32 gradients" in line)
+    # The guide's LossScaleOptimizer, wrapped by the user, comes back outside tfgc's.
+    assert summary.startswith("LossScaleOptimizerV3(DistributedRMSprop)")
+    pushed, dense_push = numbers(summary)[-2:]
+    assert 0 < pushed < dense_push / 5
+    # import tfgc, compile's optimizer (2), the loop's, TrafficLogger, the bytes.
+    assert len(marked_code_lines("mixed_precision.py")) <= 6
