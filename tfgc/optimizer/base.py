@@ -1,6 +1,6 @@
-"""What tfgc's optimizers share, whichever Keras they extend: codecs bound per variable,
-error-feedback buffers, traffic counters and the wires (see `tfgc.optimizer`)."""
-import contextlib
+"""What tfgc's optimizers share, whichever Keras they extend: the Keras side of the
+compression (arguments, config, build) around the encoder, the wires and the traffic
+counters (see `tfgc.optimizer`)."""
 import json
 import sys
 import warnings
@@ -9,18 +9,16 @@ import tensorflow as tf
 
 from tfgc import codecs
 from tfgc.distribute import (
-    DEFAULT_MIN_ELEMENTS, dense_nbytes, is_parameter_server, local_variable, require_ops_on,
-    worker_devices,
+    DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
 )
-from tfgc.memory import feedback_flat_step, feedback_step
+from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
 from tfgc.variables import PulledVariable, register_puller
 from tfgc.wire import ParameterServerPull, choose_wire
+from tfgc.wire.encoder import Encoder
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
 DEFAULT_SMALL_COMPRESSION = "float16"
-# Traffic is counted per direction and per variable: bytes on the wire, and the bytes of
-# the dense tensors they replace.
-DIRECTIONS = ("push", "pull")
+__all__ = ["CompressingBase", "DIRECTIONS", "DEFAULT_SMALL_COMPRESSION", "compressing_optimizer"]
 
 
 def compressing_subclass(mixin, optimizer_class, cache, register):
@@ -38,8 +36,11 @@ def compressing_subclass(mixin, optimizer_class, cache, register):
 
 
 class CompressingBase:
-    """What tfgc's optimizer subclasses share, whichever Keras they extend: the codec
-    bound to each variable, error-feedback buffers, traffic counters and the wires.
+    """What tfgc's optimizer subclasses share, whichever Keras they extend: the
+    compression arguments and config, and the build of the encoder's codecs and
+    residuals and of the traffic counters. A step's gradients go over the wire its
+    strategy calls for (`_send_all`); the wire encodes them with `encoder` and returns
+    what it sent, which the counters add up.
 
     It comes before the Keras optimizer class in the subclass's bases: its `__init__`
     takes the compression arguments and passes the rest on. Subclasses call
@@ -71,19 +72,22 @@ class CompressingBase:
         self.compression = compression
         self.pull_compression = pull_compression
         self.small_compression = small_compression
-        self._uncompressed = codecs.NoCompression()
         self.min_elements = int(min_elements)
         self.error_feedback = bool(error_feedback)
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
-        self._residuals = {}
         self._settings = None  # see wire_settings
-        self._codecs = {}  # the codec bound to each compressed variable, by key
-        # Per direction, a [2, variables + 1] int64 counter: payload bytes and dense
-        # bytes per variable (the last column: variables built later). One update per
-        # step and direction keeps counting off the wire.
+        # Saved with the optimizer (read back: Keras wraps a dict it tracks).
+        self._codecs = {}  # the codec bound to each compressed variable, by position
+        self._residuals = {}
+        self.encoder = Encoder(compression, small_compression, min_elements, error_feedback,
+                               position=self._variable_index, codecs=self._codecs,
+                               residuals=self._residuals, settings=None)
+        # {direction: counter} (tfgc.traffic), made at the first build and saved with
+        # the optimizer; `_counters` adds to them.
         self._traffic = None
+        self._counters = None
         self._uncounted = []  # [(direction, sent)] traced before the counters existed
         if pull_compression is not None:
             register_puller(self)
@@ -133,16 +137,13 @@ class CompressingBase:
         return self._settings
 
     def compresses(self, variable):
-        """True when `variable`'s gradients are compressed."""
-        return (
-            variable.dtype.is_floating
-            and variable.shape.num_elements() is not None
-            and variable.shape.num_elements() >= self.min_elements
-        )
+        """True when `variable`'s gradients are compressed by `compression`."""
+        return self.encoder.compresses(variable)
 
     def _build_compression(self, var_list):
         """Creates the traffic counters, bound codecs and residuals of `var_list`."""
-        self.wire_settings()  # eagerly: a codec's config may read a variable
+        # Eagerly: a codec's config may read a variable.
+        self.encoder.settings = self.wire_settings()
         if self._traffic is None:
             if var_list and not any(self.compresses(v) for v in var_list):
                 warnings.warn(
@@ -160,26 +161,10 @@ class CompressingBase:
                     "model inside that scope (a Keras model without an input shape makes "
                     "its weights at its first call: `model.build(input_shape)` there)",
                     stacklevel=3)
-            self._traffic_names = [v.name for v in var_list] + ["(variables built later)"]
-            self._traffic = {
-                d: counter_variable([2, len(var_list) + 1], f"{d}_traffic") for d in DIRECTIONS
-            }
-        missing = [
-            v for v in var_list if self.compresses(v) and self._key(v) not in self._codecs
-        ]
-        for variable in missing:
-            codec = self.compression.bind(variable)
-            self._codecs[self._key(variable)] = codec
-            if self.error_feedback and codec.supports_error_feedback:
-                self._residuals[self._residual_key(variable)] = residual_variable(variable)
-
-    def _key(self, variable):
-        # Positions are stable across processes, so checkpoints restore state to the
-        # right variables.
-        return f"codec_{self._variable_index(variable)}"
-
-    def _residual_key(self, variable):
-        return f"residual_{self._variable_index(variable)}"
+            self._traffic = counter_variables(len(var_list))
+            self._counters = TrafficCounters(self._traffic, [v.name for v in var_list],
+                                             self._variable_index)
+        self.encoder.build(var_list, residual_variable)
 
     def _master_of(self, variable):
         """The variable updates go to; enables compressed pulls of a `PulledVariable`."""
@@ -229,54 +214,21 @@ class CompressingBase:
         """Cumulative bytes as scalar tensors: `push_bytes`, `push_dense_bytes` (the
         gradients pushed, compressed and as dense tensors), `pull_bytes`,
         `pull_dense_bytes` (model pulls); None until built."""
-        if self._traffic is None:
-            return None
-        totals = {}
-        for direction, counter in self._traffic.items():
-            sums = tf.reduce_sum(tf.convert_to_tensor(counter), axis=1)
-            totals[f"{direction}_bytes"], totals[f"{direction}_dense_bytes"] = sums[0], sums[1]
-        return totals
+        return None if self._counters is None else self._counters.totals()
 
     def traffic_by_variable(self):
         """{variable name: {"push_bytes", "push_dense_bytes", "pull_bytes",
         "pull_dense_bytes"}} as Python ints, cumulative (eager only)."""
-        if self._traffic is None:
-            return {}
-        counts = {d: tf.convert_to_tensor(c).numpy() for d, c in self._traffic.items()}
-        return {
-            name: {
-                f"{d}_{kind}": int(counts[d][row, column])
-                for d in DIRECTIONS for row, kind in enumerate(("bytes", "dense_bytes"))
-            }
-            for column, name in enumerate(self._traffic_names)
-            if any(counts[d][1, column] for d in DIRECTIONS)
-        }
+        return {} if self._counters is None else self._counters.by_variable()
 
     def _record(self, direction, sent):
         """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
-        if not sent:
-            return
-        if self._traffic is None:
+        if self._counters is None:
             # Pulls started by the first step's reads, before this optimizer was built
             # in that step: counted by `_record_uncounted` once it is.
             self._uncounted.append((direction, sent))
             return
-        # Columns are the variables' positions at the first build; later ones share
-        # the last column.
-        other = len(self._traffic_names) - 1
-        columns = [min(self._variable_index(v), other) for v, _ in sent]
-        indices = [[row, c] for row in (0, 1) for c in columns]
-        counter = self._traffic[direction]
-        # Under ParameterServerStrategy the update is built on the counter's server,
-        # where the wires count their bytes: a dense update made on the worker would
-        # cross the wire every step.
-        place = (tf.device(counter.device) if is_parameter_server(tf.distribute.get_strategy())
-                 else contextlib.nullcontext())
-        with place:
-            # One constant for all the dense sizes: a traced step records many variables.
-            updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
-                                 tf.constant([dense_nbytes(v) for v, _ in sent], tf.int64)], 0)
-            counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
+        self._counters.record(direction, sent)
 
     def _record_uncounted(self):
         """Counts what `_record` was given before the counters existed (same trace)."""
@@ -286,66 +238,17 @@ class CompressingBase:
 
     def codec_for(self, variable):
         """The codec bound to `variable` (see `Codec.bind`)."""
-        return self._codecs[self._key(variable)]
+        return self.encoder.bound_codec(variable)
 
     def wire_codec(self, variable):
         """The codec `variable`'s gradients travel with: its bound codec, or the
         small-tensor codec below `min_elements`."""
-        if self.compresses(variable):
-            return self.codec_for(variable)
-        if not variable.dtype.is_floating:
-            raise TypeError(
-                f"a gradient was applied to {variable.name}, a {variable.dtype.name} "
-                "variable: tfgc sends gradients of floating-point variables only (make it "
-                "trainable=False, or leave it out of the (gradient, variable) pairs)")
-        return self._uncompressed if self.small_compression is None else self.small_compression
-
-    def wire_payload(self, gradient, variable):
-        """Encodes one gradient for the wire (with error feedback where kept)."""
-        codec = self.wire_codec(variable)
-        if isinstance(gradient, tf.IndexedSlices) and not codec.accepts_indexed_slices:
-            gradient = tf.convert_to_tensor(gradient)
-        residual = self._residuals.get(self._residual_key(variable))
-        if residual is None or not self.compresses(variable):
-            return codec.encode(gradient)
-        return feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
-
-    def wire_values_alone(self, gradient, variable):
-        """Whether `gradient`, IndexedSlices, may travel as its rows alone to a receiver
-        that holds its indices: its codec sends them so and keeps no residual for it."""
-        return (isinstance(gradient, tf.IndexedSlices)
-                and self.wire_codec(variable).encodes_values_alone
-                and self._residuals.get(self._residual_key(variable)) is None)
-
-    def wire_values_payload(self, gradient, variable):
-        """Encodes the rows of `gradient` (see `wire_values_alone`) without its indices."""
-        return self.wire_codec(variable).encode_values(gradient.values)
-
-    def wire_batch_key(self, variable):
-        """Gradients with one key travel as one payload of a batched codec
-        (`Codec.batched`) on fused wires; None: `variable`'s travels on its own."""
-        codec = self.wire_codec(variable)
-        if not codec.batched:
-            return None
-        # Small tensors (the small-tensor codec's) keep no residual.
-        has_residual = (self.compresses(variable)
-                        and self._residual_key(variable) in self._residuals)
-        return id(codec), variable.dtype, has_residual
-
-    def wire_batch_payload(self, pairs):
-        """Encodes the gradients of (gradient, variable) `pairs` that share a
-        `wire_batch_key` into one payload (with error feedback where kept)."""
-        codec = self.wire_codec(pairs[0][1])
-        gradients = [tf.convert_to_tensor(g) for g, _ in pairs]
-        residuals = [self._residuals.get(self._residual_key(v)) for _, v in pairs]
-        if residuals[0] is None or not self.compresses(pairs[0][1]):
-            return codec.encode_batch(gradients)
-        return feedback_flat_step(codec, gradients, residuals)[0]
+        return self.encoder.codec(variable)
 
     def _send_all(self, strategy, grads_and_vars, aggregate):
         """Sends every gradient over the wire `strategy` calls for and counts the bytes;
         returns the (gradient as received, variable) pairs."""
-        wire = choose_wire(self, strategy, aggregate, self.bucket_bytes)
+        wire = choose_wire(self.encoder, strategy, aggregate, self.bucket_bytes)
         pairs, sent = wire.send(grads_and_vars)
         self._record("push", sent)
         return pairs
@@ -381,8 +284,3 @@ def residual_variable(variable):
     # unsent error.
     return local_variable(tf.zeros(variable.shape, variable.dtype),
                           f"residual/{variable.name.split(':')[0]}", per_worker=True)
-
-
-def counter_variable(shape, name):
-    """Cumulative int64 byte counters that every replica or worker adds to."""
-    return local_variable(tf.zeros(shape, tf.int64), name, per_worker=False)

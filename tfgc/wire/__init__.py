@@ -1,6 +1,8 @@
 """The wires gradients cross, chosen once per strategy, and the fused message layout.
 
-`choose_wire(strategy, aggregate)` picks one of:
+Gradients are encoded by an optimizer's `Encoder` (per-variable codecs, error
+feedback, batching); `choose_wire(encoder, strategy, aggregate)` picks the wire that
+sends them:
 
 * `ParameterServerPush`: one fused message per parameter-server task and step, decoded
   on that task (ParameterServerStrategy).
@@ -12,11 +14,12 @@
 Model pulls go the other way: `ParameterServerPull` sends each worker one fused delta
 message per parameter server and step for 3LC's compressed pulls (tfgc.variables).
 """
+from tfgc.wire.encoder import Encoder
 from tfgc.wire.message import Entry, Layout
 from tfgc.wire.pull import ParameterServerPull
 from tfgc.wire.wires import AllReduceWire, LocalWire, ParameterServerPush, Wire, choose_wire
 
 __all__ = [
-    "Entry", "Layout", "Wire", "ParameterServerPush", "ParameterServerPull", "AllReduceWire",
+    "Encoder", "Entry", "Layout", "Wire", "ParameterServerPush", "ParameterServerPull", "AllReduceWire",
     "LocalWire", "choose_wire",
 ]

@@ -2,14 +2,15 @@
 applied, compressed on the way.
 
 A wire is chosen once per `apply_gradients` from the strategy in scope and sends all
-gradients of the step at once. It asks the optimizer that owns it (the `sender`) for
-`wire_payload(gradient, variable)`, which encodes a gradient (with error feedback),
-`wire_codec(variable)`, the codec that decodes it, and `compresses(variable)`, whether
-the main codec handles it. Fused wires also ask `wire_batch_key(variable)`: gradients
-with one key (a batched codec's, `Codec.batched`) are encoded together into one
-payload by `wire_batch_payload(pairs)`, and, for `tf.IndexedSlices` whose indices the
-destination already holds (`tfgc.wire.copies`), `wire_values_alone(gradient, variable)`:
-whether `wire_values_payload` may send its rows without them.
+gradients of the step at once, encoded by the optimizer's `Encoder`
+(tfgc.wire.encoder): `payload(gradient, variable)` encodes a gradient (with error
+feedback), `codec(variable)` is the codec that decodes it, and `compresses(variable)`
+says whether the main codec handles it. Fused wires also ask `batch_key(variable)`:
+gradients with one key (a batched codec's, `Codec.batched`) are encoded together into
+one payload by `batch_payload(pairs)`, and, for `tf.IndexedSlices` whose indices the
+destination already holds (`tfgc.wire.copies`), `values_alone(gradient, variable)`:
+whether `values_payload` may send its rows without them. Every wire returns what it
+sent; the optimizer counts it.
 """
 import abc
 import contextlib
@@ -27,11 +28,11 @@ class Wire(abc.ABC):
     """Sends one step's gradients; see the module doc.
 
     Args:
-      sender: the optimizer whose gradients are sent.
+      encoder: the `tfgc.wire.encoder.Encoder` of the optimizer whose gradients are sent.
     """
 
-    def __init__(self, sender):
-        self.sender = sender
+    def __init__(self, encoder):
+        self.encoder = encoder
 
     @abc.abstractmethod
     def send(self, grads_and_vars):
@@ -85,7 +86,7 @@ class _FusedWire(Wire):
     def _held_indices(self, destination, gradient, variable):
         """The destination's copy of `gradient`'s indices (`tfgc.wire.copies`), where
         its rows may travel alone; else None."""
-        if destination is None or not self.sender.wire_values_alone(gradient, variable):
+        if destination is None or not self.encoder.values_alone(gradient, variable):
             return None
         return copy_on(gradient.indices, destination)
 
@@ -93,15 +94,15 @@ class _FusedWire(Wire):
         """The payload of (gradient, variable) `pairs` that travel together (`indices`:
         the destination's copy of a lone gradient's indices, if its rows go alone)."""
         if len(pairs) > 1:
-            return self.sender.wire_batch_payload(pairs)
+            return self.encoder.batch_payload(pairs)
         if indices is None:
-            return self.sender.wire_payload(*pairs[0])
-        return self.sender.wire_values_payload(*pairs[0])
+            return self.encoder.payload(*pairs[0])
+        return self.encoder.values_payload(*pairs[0])
 
     def _decode(self, payload, variables, indices):
         """The gradients of `variables` from their payload (`indices`: the
         destination's copy of a lone gradient's indices, if its rows came alone)."""
-        codec = self.sender.wire_codec(variables[0])
+        codec = self.encoder.codec(variables[0])
         if indices is None:
             return codec.decode_group(payload, [v.shape for v in variables])
         dense_shape = tf.constant(variables[0].shape.as_list(), tf.int64)  # made here
@@ -110,7 +111,7 @@ class _FusedWire(Wire):
     def _units(self, pairs):
         """Positions in `pairs` that travel as one payload (see `payload_units`)."""
         return payload_units([
-            None if isinstance(gradient, tf.IndexedSlices) else self.sender.wire_batch_key(variable)
+            None if isinstance(gradient, tf.IndexedSlices) else self.encoder.batch_key(variable)
             for gradient, variable in pairs])
 
 
@@ -142,14 +143,14 @@ class AllReduceWire(Wire):
     (`owns_all_reduce`) does its variable's whole aggregation.
 
     Args:
-      sender: the optimizer whose gradients are sent.
+      encoder: the `tfgc.wire.encoder.Encoder` of the optimizer whose gradients are sent.
       bucket_bytes: about how many bytes one collective carries.
     """
 
-    def __init__(self, sender, bucket_bytes=DEFAULT_BUCKET_BYTES):
-        super().__init__(sender)
+    def __init__(self, encoder, bucket_bytes=DEFAULT_BUCKET_BYTES):
+        super().__init__(encoder)
         self.bucket_bytes = int(bucket_bytes)
-        self.settings = sender.wire_settings()
+        self.settings = encoder.settings
         self._fingerprint = _fingerprint(self.settings)
 
     def send(self, grads_and_vars):
@@ -161,11 +162,11 @@ class AllReduceWire(Wire):
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is None:
                 continue
-            if not self.sender.compresses(variable):
+            if not self.encoder.compresses(variable):
                 summed.append((position, {"values": tf.convert_to_tensor(gradient)}))
                 nbytes[position] = dense_nbytes(variable)
                 continue
-            codec = self.sender.wire_codec(variable)
+            codec = self.encoder.codec(variable)
             if codec.owns_all_reduce:
                 received[position], nbytes[position] = codec.all_reduce(
                     tf.convert_to_tensor(gradient), context)
@@ -173,7 +174,7 @@ class AllReduceWire(Wire):
             if codec.summable and isinstance(gradient, tf.IndexedSlices):
                 # Replicas' slices have their own rows and lengths: sum them dense.
                 gradient = tf.convert_to_tensor(gradient)
-            payload = self.sender.wire_payload(gradient, variable)
+            payload = self.encoder.payload(gradient, variable)
             if codec.summable:
                 summed.append((position, payload))
                 nbytes[position] = base.payload_nbytes(payload)
@@ -183,9 +184,9 @@ class AllReduceWire(Wire):
         check = self._check_agreement(context, fingerprints["values"])
         for position, payload in summed:
             variable = grads_and_vars[position][1]
-            codec = self.sender.wire_codec(variable)
+            codec = self.encoder.codec(variable)
             received[position] = (
-                payload["values"] if not self.sender.compresses(variable)
+                payload["values"] if not self.encoder.compresses(variable)
                 else base.decode_expecting(codec, payload, variable.shape))
         for bucket in self._buckets(gathered, grads_and_vars):
             for position, total, count in self._all_gather(context, bucket, grads_and_vars):
@@ -246,7 +247,7 @@ class AllReduceWire(Wire):
             unpacked = layout.unpack(replica_message, name="all-gathered fused message")
             for i, ((position, _), payload) in enumerate(zip(bucket, unpacked)):
                 variable = grads_and_vars[position][1]
-                decoded = base.decode_expecting(self.sender.wire_codec(variable), payload,
+                decoded = base.decode_expecting(self.encoder.codec(variable), payload,
                                                 variable.shape)
                 if isinstance(decoded, tf.IndexedSlices):  # sparse codecs' (FastSGD)
                     decoded = tf.convert_to_tensor(decoded)
@@ -261,11 +262,12 @@ def _fingerprint(settings):
     return [int.from_bytes(digest[i:i + 2], "little") % 4096 / 4096 for i in (0, 2)]
 
 
-def choose_wire(sender, strategy, aggregate, bucket_bytes=DEFAULT_BUCKET_BYTES):
-    """The wire for `strategy`: PS push, all-reduce (when gradients are to be
-    aggregated across replicas, in buckets of about `bucket_bytes`) or local."""
+def choose_wire(encoder, strategy, aggregate, bucket_bytes=DEFAULT_BUCKET_BYTES):
+    """The wire for `strategy`, sending what `encoder` encodes: PS push, all-reduce
+    (when gradients are to be aggregated across replicas, in buckets of about
+    `bucket_bytes`) or local."""
     if is_parameter_server(strategy):
-        return ParameterServerPush(sender)
+        return ParameterServerPush(encoder)
     if strategy.num_replicas_in_sync > 1 and aggregate:
-        return AllReduceWire(sender, bucket_bytes)
-    return LocalWire(sender)
+        return AllReduceWire(encoder, bucket_bytes)
+    return LocalWire(encoder)

@@ -1,0 +1,80 @@
+"""Byte counters, fed by the wires that carried the bytes.
+
+Per direction ("push": gradients to where they are applied, "pull": model deltas to the
+workers) one int64 counter of shape [2, variables + 1]: row 0 the bytes on the wire,
+row 1 the bytes of the dense tensors they replace, one column per variable (by its
+position in the optimizer at the first build; the last column for variables built
+later). A step adds to each direction once.
+"""
+import contextlib
+
+import tensorflow as tf
+
+from tfgc.distribute import dense_nbytes, is_parameter_server, local_variable
+
+DIRECTIONS = ("push", "pull")
+
+
+def counter_variables(num_variables):
+    """{direction: a zero counter} for `num_variables` variables, made where every
+    replica or worker adds to it (see `tfgc.distribute.local_variable`)."""
+    return {d: local_variable(tf.zeros([2, num_variables + 1], tf.int64), f"{d}_traffic",
+                              per_worker=False)
+            for d in DIRECTIONS}
+
+
+class TrafficCounters:
+    """Adds what the wires sent to the counters and reads them back.
+
+    Args:
+      counters: {direction: counter variable} (from `counter_variables`; the optimizer
+        owns them, so checkpoints keep them).
+      names: the counted variables' names, in column order.
+      position: a function giving a variable's position in its optimizer.
+    """
+
+    def __init__(self, counters, names, position):
+        self._counters = counters
+        self.names = list(names) + ["(variables built later)"]
+        self._position = position
+
+    def record(self, direction, sent):
+        """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
+        if not sent:
+            return
+        other = len(self.names) - 1
+        columns = [min(self._position(v), other) for v, _ in sent]
+        indices = [[row, c] for row in (0, 1) for c in columns]
+        counter = self._counters[direction]
+        # Under ParameterServerStrategy the update is built on the counter's server,
+        # where the wires count their bytes: a dense update made on the worker would
+        # cross the wire every step.
+        place = (tf.device(counter.device) if is_parameter_server(tf.distribute.get_strategy())
+                 else contextlib.nullcontext())
+        with place:
+            # One constant for all the dense sizes: a traced step records many variables.
+            updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
+                                 tf.constant([dense_nbytes(v) for v, _ in sent], tf.int64)], 0)
+            counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
+
+    def totals(self):
+        """Cumulative `push_bytes`, `push_dense_bytes`, `pull_bytes`, `pull_dense_bytes`
+        as scalar tensors."""
+        totals = {}
+        for direction, counter in self._counters.items():
+            sums = tf.reduce_sum(tf.convert_to_tensor(counter), axis=1)
+            totals[f"{direction}_bytes"], totals[f"{direction}_dense_bytes"] = sums[0], sums[1]
+        return totals
+
+    def by_variable(self):
+        """{variable name: {"push_bytes", "push_dense_bytes", "pull_bytes",
+        "pull_dense_bytes"}} as Python ints, for the variables that were sent (eager)."""
+        counts = {d: tf.convert_to_tensor(c).numpy() for d, c in self._counters.items()}
+        return {
+            name: {
+                f"{d}_{kind}": int(counts[d][row, column])
+                for d in DIRECTIONS for row, kind in enumerate(("bytes", "dense_bytes"))
+            }
+            for column, name in enumerate(self.names)
+            if any(counts[d][1, column] for d in DIRECTIONS)
+        }

@@ -1,0 +1,139 @@
+"""The encoder: how each variable's gradients are encoded for the wire.
+
+An optimizer's `Encoder` holds every per-variable decision a wire needs: whether the main
+codec compresses a variable (`min_elements`, floating dtype), the codec bound to it (or
+the small-tensor codec), its error-feedback residual, which gradients a batched codec
+encodes together, and whether a sparse gradient's rows may travel without their
+indices. Wires call it and nothing else of the optimizer, so one step's push reads
+straight down: optimizer -> wire -> encoder -> error feedback -> codec -> ops.
+
+The codecs and residuals it uses are kept in dicts the optimizer owns (they are saved
+with the optimizer's checkpoints), keyed by the variable's position in the optimizer,
+which is stable across processes.
+"""
+import tensorflow as tf
+
+from tfgc.memory import feedback_flat_step, feedback_step
+from tfgc.codecs.identity import NoCompression
+
+
+class Encoder:
+    """Encodes gradients for the wire, with error feedback where kept.
+
+    Args:
+      compression: the main codec (unbound; bound per variable by `build`).
+      small_compression: the codec of gradients the main codec does not compress, or
+        None to send them as they are.
+      min_elements: variables with fewer elements are not compressed by `compression`.
+      error_feedback: keep a residual per compressed variable (where its codec allows).
+      position: a function giving a variable's position in its optimizer.
+      codecs: the dict (owned by the optimizer) of bound codecs, filled by `build`.
+      residuals: the dict (owned by the optimizer) of residuals, filled by `build`.
+      settings: what every replica must agree on (a string; see AllReduceWire).
+    """
+
+    def __init__(self, compression, small_compression, min_elements, error_feedback,
+                 position, codecs, residuals, settings):
+        self.compression = compression
+        self.small_compression = small_compression
+        self.min_elements = int(min_elements)
+        self.error_feedback = bool(error_feedback)
+        self.settings = settings
+        self._position = position
+        self._codecs = codecs
+        self._residuals = residuals
+        self._uncompressed = NoCompression()
+
+    # --- per-variable decisions ---------------------------------------------------
+
+    def compresses(self, variable):
+        """True when `variable`'s gradients are compressed by the main codec."""
+        return (
+            variable.dtype.is_floating
+            and variable.shape.num_elements() is not None
+            and variable.shape.num_elements() >= self.min_elements
+        )
+
+    def build(self, variables, make_residual):
+        """Binds the main codec to each compressed variable of `variables` not bound
+        yet, and makes its residual with `make_residual(variable)` where kept."""
+        for variable in variables:
+            if not self.compresses(variable) or self._codec_key(variable) in self._codecs:
+                continue
+            codec = self.compression.bind(variable)
+            self._codecs[self._codec_key(variable)] = codec
+            if self.error_feedback and codec.supports_error_feedback:
+                self._residuals[self._residual_key(variable)] = make_residual(variable)
+
+    def bound_codec(self, variable):
+        """The main codec bound to `variable` (see `Codec.bind`)."""
+        return self._codecs[self._codec_key(variable)]
+
+    def codec(self, variable):
+        """The codec `variable`'s gradients travel with: its bound codec, or the
+        small-tensor codec below `min_elements`.
+
+        Raises:
+          TypeError: `variable` is not floating-point.
+        """
+        if self.compresses(variable):
+            return self.bound_codec(variable)
+        if not variable.dtype.is_floating:
+            raise TypeError(
+                f"a gradient was applied to {variable.name}, a {variable.dtype.name} "
+                "variable: tfgc sends gradients of floating-point variables only (make it "
+                "trainable=False, or leave it out of the (gradient, variable) pairs)")
+        return self._uncompressed if self.small_compression is None else self.small_compression
+
+    def residual(self, variable):
+        """`variable`'s error-feedback residual, or None where none is kept."""
+        if not self.compresses(variable):
+            return None  # the small-tensor codec keeps none
+        return self._residuals.get(self._residual_key(variable))
+
+    def _codec_key(self, variable):
+        return f"codec_{self._position(variable)}"
+
+    def _residual_key(self, variable):
+        return f"residual_{self._position(variable)}"
+
+    # --- encoding -----------------------------------------------------------------
+
+    def payload(self, gradient, variable):
+        """Encodes one gradient for the wire (with error feedback where kept)."""
+        codec = self.codec(variable)
+        if isinstance(gradient, tf.IndexedSlices) and not codec.accepts_indexed_slices:
+            gradient = tf.convert_to_tensor(gradient)
+        residual = self.residual(variable)
+        if residual is None:
+            return codec.encode(gradient)
+        return feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
+
+    def values_alone(self, gradient, variable):
+        """Whether `gradient`, IndexedSlices, may travel as its rows alone to a receiver
+        that holds its indices: its codec sends them so and keeps no residual for it."""
+        return (isinstance(gradient, tf.IndexedSlices)
+                and self.codec(variable).encodes_values_alone
+                and self.residual(variable) is None)
+
+    def values_payload(self, gradient, variable):
+        """Encodes the rows of `gradient` (see `values_alone`) without its indices."""
+        return self.codec(variable).encode_values(gradient.values)
+
+    def batch_key(self, variable):
+        """Gradients with one key travel as one payload of a batched codec
+        (`Codec.batched`) on fused wires; None: `variable`'s travels on its own."""
+        codec = self.codec(variable)
+        if not codec.batched:
+            return None
+        return id(codec), variable.dtype, self.residual(variable) is not None
+
+    def batch_payload(self, pairs):
+        """Encodes the gradients of (gradient, variable) `pairs` that share a
+        `batch_key` into one payload (with error feedback where kept)."""
+        codec = self.codec(pairs[0][1])
+        gradients = [tf.convert_to_tensor(g) for g, _ in pairs]
+        residuals = [self.residual(v) for _, v in pairs]
+        if residuals[0] is None:
+            return codec.encode_batch(gradients)
+        return feedback_flat_step(codec, gradients, residuals)[0]
