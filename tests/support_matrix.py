@@ -23,6 +23,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 ROWS, COLS = 256, 128  # the compressed kernel (32k values); plus a bias
+# Under parameter servers, where the sockets are read: a 262k-parameter kernel.
+PS_ROWS, PS_COLS = 512, 512
 FLAVOURS = ("tf_keras", "keras3")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 # How the optimizer is made: its class, and whether the user wraps a LossScaleOptimizer
@@ -63,7 +65,7 @@ def run_cell(strategy, flavour, policy, optimizer_name, out_dir):
     x = rng.normal(size=(64, ROWS)).astype("float32")
     y = rng.normal(size=(64, COLS)).astype("float32")
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = _model(K, flavour)
+        model = _model(K, flavour, ROWS, COLS)
         model.compile(_optimizer(K, optimizer_name), "mse")
     checkpoints = os.path.join(out_dir, "checkpoints")
     logs = os.path.join(out_dir, "tensorboard")
@@ -107,14 +109,14 @@ def run_ps_cell(c, strategy, flavour, policy, optimizer_name, how, out_dir):
     K = _keras(flavour)
     K.mixed_precision.set_global_policy(policy)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, ROWS)).astype("float32")
-    y = rng.normal(size=(64, COLS)).astype("float32")
+    x = rng.normal(size=(64, PS_ROWS)).astype("float32")
+    y = rng.normal(size=(64, PS_COLS)).astype("float32")
 
     def dataset_fn(context=None):
         return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
 
     with strategy.scope():
-        model = _model(K, flavour)
+        model = _model(K, flavour, PS_ROWS, PS_COLS)
         optimizer = _optimizer(K, optimizer_name)
         model.compile(optimizer, "mse")
     compressing = tfgc.optimizer.compressing_optimizer(model.optimizer)
@@ -194,11 +196,11 @@ def _keras(flavour):
     return keras
 
 
-def _model(K, flavour):
+def _model(K, flavour, rows, cols):
     if flavour == "tf_keras":
-        layers = [K.layers.Dense(COLS, input_shape=(ROWS,))]
+        layers = [K.layers.Dense(cols, input_shape=(rows,))]
     else:
-        layers = [K.Input((ROWS,)), K.layers.Dense(COLS)]
+        layers = [K.Input((rows,)), K.layers.Dense(cols)]
     return K.Sequential(layers + [K.layers.Activation("linear", dtype="float32")])
 
 

@@ -1,7 +1,8 @@
 """The support matrix (README "Supported configurations"): every cell trains and
 compresses, or fails with a clear error; no cell is silent.
 
-Cells are run by tests/support_matrix.py, one process per strategy. A cell that trains
+Cells are run by tests/support_matrix.py, one process per strategy (under parameter
+servers a 262k-parameter model, elsewhere 33k). A cell that trains
 must have compressed (the counters, which only the wire that carried a step updates,
 show >= 10x fewer bytes than the dense gradients), reported its traffic through
 `TrafficLogger` into `fit`'s history, and let TensorBoard and the checkpoint callbacks
@@ -81,7 +82,11 @@ def test_every_parameter_server_cell_trains_compressed_or_says_why_not(tmp_path)
         check_trained(name, cell)
         assert cell["steps"] == 8, (name, cell)
         # On the sockets: at most 0.15x the dense gradients (what fp32 pushes at least),
-        # and no less than what the counters say was sent.
+        # and what the counters say was sent plus a small per-step overhead (the step's
+        # function call, variable requests and framing: 1.7-2.7 KB measured; 7.5 KB
+        # where each call traces anew), not the fp32 gradient (1 MiB per step).
         traffic = cell["traffic"]
-        assert traffic["push_bytes"] <= cell["worker_to_ps"] < 0.15 * traffic["push_dense_bytes"], (
-            name, cell)
+        assert cell["worker_to_ps"] < 0.15 * traffic["push_dense_bytes"], (name, cell)
+        overhead = (cell["worker_to_ps"] - traffic["push_bytes"]) / cell["steps"]
+        assert 0 <= overhead < (12_000 if "fit_on_parameter_servers" in name else 4_000), (
+            name, overhead, cell)
