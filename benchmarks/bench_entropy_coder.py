@@ -38,6 +38,12 @@ from tfgc_ops import reference  # noqa: E402
 NONZERO = np.array([reference.nonzero_count(b) for b in range(256)])
 
 
+def quartic_bytes(x, sparsity):
+    """The quartic bytes ThreeLC(sparsity) codes for float32 `x` (M = max|x| * s)."""
+    flat = tf.reshape(x, [-1])
+    return tfgc_ops.quartic_fold(flat, tfgc_ops.largest_magnitude(flat) * sparsity)
+
+
 def order0_entropy_bytes(quartic):
     counts = np.bincount(quartic, minlength=256)
     p = counts[counts > 0] / quartic.size
@@ -62,8 +68,7 @@ def resnet20_messages(sparsity, steps, images):
         grads = dict(zip((id(v) for v in model.trainable_variables),
                          tape.gradient(loss, model.trainable_variables)))
         totals = [grads[id(v)] + r for v, r in zip(compressed, residuals)]
-        quartic = tf.concat([codec._quantize_and_fold(t, tf.constant(sparsity))[0]
-                             for t in totals], 0)
+        quartic = tf.concat([quartic_bytes(t, sparsity) for t in totals], 0)
         _, sent = memory.feedback_batch_step(codec, [grads[id(v)] for v in compressed],
                                              residuals)
         grads.update((id(v), s) for v, s in zip(compressed, sent))

@@ -92,12 +92,9 @@ class ThreeLC(base.FlatBatchCodec):
             raise ValueError(f"ThreeLC coder must be one of {self.CODERS}, got {coder!r}")
         self.sparsity = sparsity
         self.coder = coder
-        self._quantize_and_fold = _quantize_and_fold
-        self._unfold_and_scale = _unfold_and_scale
 
     def get_config(self):
-        # The default coder is left out, so configs and names from before it existed
-        # stay as they were.
+        # The default coder is left out: the default codec reads `ThreeLC(sparsity=...)`.
         config = {"sparsity": self.sparsity}
         if self.coder != "zre":
             config["coder"] = self.coder
@@ -121,12 +118,12 @@ class ThreeLC(base.FlatBatchCodec):
     def encode_and_reconstruct(self, x):
         payload, folded = self._encode_folded(x)
         # The folded bytes unfolded: what the receiver decodes, exactly, by construction.
-        return payload, self._unfold_and_scale(folded, payload["scale"], _shape_for_unfold(x))
+        return payload, _unfold_and_scale(folded, payload["scale"], _shape_for_unfold(x))
 
     def _encode_folded(self, x):
         """(payload, the quartic bytes before zero-run or entropy coding)."""
         x = base.check_floating(x, self.name)
-        folded, scale = self._quantize_and_fold(x, self.sparsity)
+        folded, scale = _quantize_and_fold(x, self.sparsity)
         payload = {
             "data": self._compress(folded, tf.size(folded, tf.int64)[None]),
             "scale": scale,
@@ -140,7 +137,7 @@ class ThreeLC(base.FlatBatchCodec):
         groups = [quartic.groups_for(n)] if isinstance(n, int) else quartic.groups_for(n)[None]
         folded = self._expand(fields["data"], groups)
         shape = tf.TensorShape(dims) if isinstance(dims, list) else dims
-        return self._unfold_and_scale(folded, fields["scale"], shape)
+        return _unfold_and_scale(folded, fields["scale"], shape)
 
     def encode_flat_batch(self, flat, shapes):
         dtype = flat.dtype
