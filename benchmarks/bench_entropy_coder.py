@@ -20,6 +20,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -33,7 +34,7 @@ import tfgc  # noqa: E402
 import tfgc_ops  # noqa: E402
 from models import data, resnet  # noqa: E402
 from tfgc import memory  # noqa: E402
-from tfgc_ops import reference  # noqa: E402
+import reference_ops as reference  # noqa: E402  (tests/reference_ops.py)
 
 NONZERO = np.array([reference.nonzero_count(b) for b in range(256)])
 

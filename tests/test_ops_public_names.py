@@ -68,3 +68,11 @@ def test_every_wrapper_lives_in_a_family_module_and_is_annotated():
 def test_constants_and_the_loaded_library():
     assert (tfgc_ops.MIN_FLAG_BITS, tfgc_ops.MAX_FLAG_BITS) == (1, 5)
     assert os.path.exists(tfgc_ops.library_path)
+
+
+def test_the_numpy_oracle_is_not_part_of_the_package():
+    import reference_ops
+
+    package = os.path.dirname(tfgc_ops.__file__)
+    assert not os.path.exists(os.path.join(package, "reference.py"))
+    assert os.path.dirname(reference_ops.__file__) == os.path.dirname(os.path.abspath(__file__))

@@ -11,7 +11,9 @@
   stochastic       stochastic rounding (QSGD, stochastic 3-values) with draws that depend
                    only on a seed and each value's index
 
-Every wrapper is also a name of this package (`tfgc_ops.zero_run_encode`). Importing it
+Every wrapper is also a name of this package (`tfgc_ops.zero_run_encode`). The formats
+are also written plainly in numpy in tests/reference_ops.py, the oracle the tests hold
+the ops to (not installed); `reference_ops.<name>` in a docstring is that module. Importing it
 loads the op library (`_load`), which the build compiled against the installed
 TensorFlow; a library built for another TensorFlow minor version is refused with a
 message that says how to rebuild.

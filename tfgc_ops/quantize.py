@@ -55,7 +55,7 @@ def sign_bits_encode(x: TensorLike) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
       first, the last byte zero-padded) = x_i >= 0, as `pack_bits(codes, 1)` packs them;
       float64 [2], the sums of the values >= 0 and of the others (NaN counts with the
       others; a non-finite value makes its side's sum non-finite); int64 [2], how many
-      values each sum holds (`reference.sign_bits_encode`).
+      values each sum holds (`reference_ops.sign_bits_encode`).
     """
     return _ops.tfgc_sign_bits_encode(tf.convert_to_tensor(x, tf.float32))
 
@@ -67,7 +67,7 @@ def log_levels_encode(x: TensorLike, largest: TensorLike,
     With fsr = ceil(log2 largest) (0 unless `largest` is positive and finite), x_i gets level
     m = fsr - round(log2 |x_i|) + 1 where 1 <= m <= 2^(bits - 1) - 1, else 0 (also for 0,
     Inf and NaN), and x_i's sign bit on top; both roundings are exact, no logarithm is
-    computed (`reference.log_levels_codes`).
+    computed (`reference_ops.log_levels_codes`).
 
     Args:
       x: 1-D float32.
@@ -87,7 +87,7 @@ def log_levels_decode(packed: TensorLike, scale: TensorLike, n: TensorLike,
     """LogQuant's n float32 values from sign-level codes packed `bits` bits each.
 
     Level m = 0 is 0 and m >= 1 is +-scale * 2^(1 - m); a scale that is not finite gives
-    +-scale everywhere (`reference.log_levels_values`).
+    +-scale everywhere (`reference_ops.log_levels_values`).
 
     Raises:
       tf.errors.InvalidArgumentError: `packed` does not hold exactly n codes (checked

@@ -27,7 +27,7 @@ def quartic_fold(x: TensorLike, scale: TensorLike) -> tf.Tensor:
     Returns:
       1-D uint8 tensor of ceil(n / 5) bytes, byte i = sum over k of
       (q[k g + i] + 1) * 3^(4 - k) with g the byte count and the pad's q = 0
-      (`reference.quartic_encode`).
+      (`reference_ops.quartic_encode`).
     """
     return _ops.tfgc_quartic_fold(tf.convert_to_tensor(x, tf.float32),
                                   tf.convert_to_tensor(scale, tf.float32))

@@ -13,7 +13,7 @@ def quartic_entropy_encode(quartic: TensorLike, groups: TensorLike) -> tf.Tensor
 
     Each group (e.g. one tensor's bytes) is coded with rANS under one number: the share
     of its 3-values that are nonzero, assumed independent with random signs. The format
-    is in tfgc_ops/cc/quartic_rans.h and, executable, in `reference.quartic_entropy_encode`.
+    is in tfgc_ops/cc/quartic_rans.h and, executable, in `reference_ops.quartic_entropy_encode`.
 
     Args:
       quartic: 1-D uint8 tensor of quartic-encoded bytes, each in 0..242.

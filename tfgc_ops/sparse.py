@@ -18,7 +18,7 @@ def magnitude_select(x: TensorLike, wanted: TensorLike, positions: str = "bitmap
 
     Selects the `wanted` largest nonzero finite |x_i| (fewer when fewer are nonzero; ties
     at the threshold in position order) and every value that is not finite, which counts
-    in `wanted` when `non_finite_in_wanted` (`reference.magnitude_select`).
+    in `wanted` when `non_finite_in_wanted` (`reference_ops.magnitude_select`).
 
     Args:
       x: 1-D float32 tensor (at most 2^31 - 1 values).
@@ -66,7 +66,7 @@ def magnitude_filter(v: TensorLike, factor: TensorLike) -> Tuple[tf.Tensor, tf.T
       (sum, positions): float64 scalar, the sum of |v| over the finite values rounded to
       v's wire dtype (float64 for float64 input, else float32), NaN when a value is not
       finite; int64 positions, ascending, of the values with 0 < |v| >= sum * factor and
-      of every value that is not finite (`reference.magnitude_filter`).
+      of every value that is not finite (`reference_ops.magnitude_filter`).
     """
     v = tf.convert_to_tensor(v)
     if v.dtype != tf.float64:
@@ -90,7 +90,7 @@ def row_sums(rows: TensorLike, indices: TensorLike,
     Returns:
       (distinct, sums): int64 [u], the distinct indices ascending; [u, row_size] of rows'
       dtype, row k the sum (added in position order) of the rows whose index is
-      distinct[k] (`reference.row_sums`).
+      distinct[k] (`reference_ops.row_sums`).
 
     Raises:
       tf.errors.InvalidArgumentError: an index is outside [0, num_rows), or rows and

@@ -21,7 +21,7 @@ def qsgd_encode(x: TensorLike, norms: TensorLike, seed: TensorLike, bits: int,
     Value j of bucket b gets level l = min(floor(t) + [u_j < t - floor(t)], s) with
     t = min(|x_j| * (s / norms[b]), s), s = 2^(bits-1) - 1, and code (x_j < 0) << (bits - 1) | l;
     a bucket whose norm is not > 0 and finite sends level 0. The draw u_j in [0, 1)
-    depends only on `seed` (2 int64) and j (`reference.uniform_draws`).
+    depends only on `seed` (2 int64) and j (`reference_ops.uniform_draws`).
 
     Returns:
       uint8 tensor of ceil(n * bits / 8) bytes, packed as `pack_bits` packs.
