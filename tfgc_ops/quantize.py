@@ -1,8 +1,6 @@
 """Deterministic quantizers: a vector's range and uniform quantization
 (cc/uniform_quantize*), OneBit's sign bits (cc/sign_bits*), and LogQuant's sign-level codes
 (cc/log_levels*)."""
-from typing import Tuple
-
 import tensorflow as tf
 
 from tfgc_ops._inputs import TensorLike, as_bytes
@@ -12,7 +10,7 @@ __all__ = ["value_range", "uniform_quantize", "sign_bits_encode", "log_levels_en
            "log_levels_decode"]
 
 
-def value_range(x: TensorLike) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def value_range(x: TensorLike) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """A float32 vector's range in one pass.
 
     Returns:
@@ -24,7 +22,7 @@ def value_range(x: TensorLike) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 
 
 def uniform_quantize(x: TensorLike, low: TensorLike, step: TensorLike,
-                     bits: TensorLike) -> Tuple[tf.Tensor, tf.Tensor]:
+                     bits: TensorLike) -> tuple[tf.Tensor, tf.Tensor]:
     """Uniform quantization of a float32 vector, packed as `pack_bits` packs its codes.
 
     Code q_i = round((x_i - low) / d) with ties to even, d = step if step > 0 else 1,
@@ -47,7 +45,7 @@ def uniform_quantize(x: TensorLike, low: TensorLike, step: TensorLike,
                                       tf.cast(bits, tf.int32))
 
 
-def sign_bits_encode(x: TensorLike) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def sign_bits_encode(x: TensorLike) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """One-bit sign quantization of a 1-D float32 tensor in one pass.
 
     Returns:
@@ -61,7 +59,7 @@ def sign_bits_encode(x: TensorLike) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 
 
 def log_levels_encode(x: TensorLike, largest: TensorLike,
-                      bits: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                      bits: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """LogQuant's sign-level codes of 1-D float32 `x`, packed `bits` bits each, in one pass.
 
     With fsr = ceil(log2 largest) (0 unless `largest` is positive and finite), x_i gets level

@@ -1,8 +1,6 @@
 """Sparsification: exact top-k selection and its bitmap decoder (cc/magnitude_select*),
 FastSGD's threshold filter (cc/magnitude_filter*), and a sparse gradient's rows summed by
 index (cc/row_sums*)."""
-from typing import Tuple
-
 import tensorflow as tf
 
 from tfgc_ops._inputs import TensorLike
@@ -13,7 +11,7 @@ __all__ = ["magnitude_select", "bitmap_expand", "magnitude_filter", "row_sums"]
 
 def magnitude_select(x: TensorLike, wanted: TensorLike, positions: str = "bitmap",
                      non_finite_in_wanted: bool = False
-                     ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The `wanted` largest magnitudes of a float32 vector, exactly, in three passes.
 
     Selects the `wanted` largest nonzero finite |x_i| (fewer when fewer are nonzero; ties
@@ -55,7 +53,7 @@ def bitmap_expand(bitmap: TensorLike, values: TensorLike, n: TensorLike) -> tf.T
                                    tf.cast(n, tf.int64))
 
 
-def magnitude_filter(v: TensorLike, factor: TensorLike) -> Tuple[tf.Tensor, tf.Tensor]:
+def magnitude_filter(v: TensorLike, factor: TensorLike) -> tuple[tf.Tensor, tf.Tensor]:
     """FastSGD's threshold filter (Algorithm 1 with its early stop) in two passes over v.
 
     Args:
@@ -75,7 +73,7 @@ def magnitude_filter(v: TensorLike, factor: TensorLike) -> Tuple[tf.Tensor, tf.T
 
 
 def row_sums(rows: TensorLike, indices: TensorLike,
-             num_rows: TensorLike) -> Tuple[tf.Tensor, tf.Tensor]:
+             num_rows: TensorLike) -> tuple[tf.Tensor, tf.Tensor]:
     """The rows of a sparse gradient summed by distinct index, in ascending index order.
 
     Without hashing every index or summing into the dense tensor: distinct indices come
