@@ -20,6 +20,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -33,9 +34,15 @@ import tfgc  # noqa: E402
 import tfgc_ops  # noqa: E402
 from models import data, resnet  # noqa: E402
 from tfgc import memory  # noqa: E402
-from tfgc_ops import reference  # noqa: E402
+import reference_ops as reference  # noqa: E402  (tests/reference_ops.py)
 
 NONZERO = np.array([reference.nonzero_count(b) for b in range(256)])
+
+
+def quartic_bytes(x, sparsity):
+    """The quartic bytes ThreeLC(sparsity) codes for float32 `x` (M = max|x| * s)."""
+    flat = tf.reshape(x, [-1])
+    return tfgc_ops.quartic_fold(flat, tfgc_ops.largest_magnitude(flat) * sparsity)
 
 
 def order0_entropy_bytes(quartic):
@@ -62,8 +69,7 @@ def resnet20_messages(sparsity, steps, images):
         grads = dict(zip((id(v) for v in model.trainable_variables),
                          tape.gradient(loss, model.trainable_variables)))
         totals = [grads[id(v)] + r for v, r in zip(compressed, residuals)]
-        quartic = tf.concat([codec._quantize_and_fold(t, tf.constant(sparsity))[0]
-                             for t in totals], 0)
+        quartic = tf.concat([quartic_bytes(t, sparsity) for t in totals], 0)
         _, sent = memory.feedback_batch_step(codec, [grads[id(v)] for v in compressed],
                                              residuals)
         grads.update((id(v), s) for v, s in zip(compressed, sent))

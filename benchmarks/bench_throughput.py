@@ -30,8 +30,8 @@ Each data set is quantized with ThreeLC at every --sparsities value. Measured pe
   zstd-1            python-zstandard level 1 (single-threaded, whatever --threads says) on
                     the same quartic bytes, if zstandard imports: ratio and compress /
                     decompress GB/s of quartic bytes.
-  breakdown         the XLA-compiled inner functions of tfgc/codecs/threelc.py
-                    (_quantize_and_fold, _unfold_and_scale) called alone, and a probe: an
+  breakdown         ThreeLC's steps (tfgc/codecs/threelc.py's _quantize_and_fold and
+                    _unfold_and_scale, copied here) called alone, and a probe: an
                     XLA y = 2x of the fp32 buffer, i.e. the cost of producing one fresh
                     fp32 tensor of this size in TensorFlow (allocation + first touch).
 
@@ -72,6 +72,30 @@ THREAD_ENV = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREA
 
 def log(message):
     print(message, flush=True)
+
+
+# ThreeLC's own steps on a float32 tensor, measured alone in the breakdown (the codec runs
+# the same ops: tfgc/codecs/threelc.py's _quantize_and_fold and _unfold_and_scale).
+
+
+def quantize_and_fold(x, sparsity):
+    """Quartic bytes of float32 `x` at sparsity s: M = max|x| * s, then one fold pass."""
+    import tensorflow as tf  # imported in the child, after its thread settings
+
+    import tfgc_ops
+
+    flat = tf.reshape(x, [-1])
+    return tfgc_ops.quartic_fold(flat, tfgc_ops.largest_magnitude(flat) * sparsity)
+
+
+def unfold_and_scale(quartic, scale, shape):
+    """The float32 tensor of `shape` that quartic bytes and scale M decode to."""
+    import tensorflow as tf
+
+    import tfgc_ops
+
+    n = tf.reduce_prod(tf.cast(shape, tf.int64))
+    return tf.reshape(tfgc_ops.quartic_unfold(quartic, n, tf.cast(scale, tf.float32)), shape)
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,7 +231,9 @@ def child(args):
             row["payload_bytes"] = int(payload_nbytes(payload))
             row["fp32_ratio"] = x.nbytes / row["payload_bytes"]
             if args.check:
-                from tfgc_ops import reference
+                sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                "..", "tests"))
+                import reference_ops as reference
 
                 m = np.float32(np.abs(x).max()) * np.float32(sparsity)
                 expected = reference.quartic_encode(np.rint(x / (m if m > 0 else np.float32(1))))
@@ -234,12 +260,10 @@ def child(args):
                 f"dec {row['tlc_dec']['gbps']:.2f} GB/s (fp32)")
 
             s_tensor = tf.constant(sparsity)
-            quantize_and_fold = getattr(codec, "_quantize_and_fold", None)
-            unfold_and_scale = getattr(codec, "_unfold_and_scale", None)
             try:
                 row["qf"] = rate(x.nbytes, measure(lambda: quantize_and_fold(xt, s_tensor),
                                                    args.repeats))
-            except Exception as error:  # the private helper changed: report, go on
+            except Exception as error:  # an op changed: report, go on
                 row["qf_error"] = f"{type(error).__name__}: {error}"[:200]
             try:
                 row["unfold"] = rate(x.nbytes, measure(

@@ -7,7 +7,7 @@ import tfgc
 import tfgc_ops
 from tfgc.codecs import fastsgd
 from tfgc.codecs.adaptive import adaptive_bits
-from tfgc_ops import reference
+import reference_ops as reference
 
 C = tfgc.codecs
 

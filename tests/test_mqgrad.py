@@ -236,22 +236,6 @@ def test_epsilon_decays_per_mdp_step():
         MQGradAgent(epsilon_decay=0.0)
 
 
-def test_checkpoint_from_before_the_options_restores_with_paper_defaults():
-    paper = dict(reward_normalization="none", epsilon_decay=1.0)  # the only agent then
-    reference = MQGradAgent(T=5, seed=1, **paper)
-    for m in range(12):
-        reference.observe(2.0 - 0.01 * m, 10.0)
-    old = reference.get_state()
-    for key in ("reward_normalization", "epsilon_decay"):
-        del old["config"][key]
-    del old["reward_count"], old["reward_square_sum"]
-    restored = MQGradAgent(T=5, seed=3, **paper)
-    restored.set_state(old)
-    assert restored.get_state() == reference.get_state()
-    with pytest.raises(ValueError, match="config"):  # today's defaults are not the paper's
-        MQGradAgent(T=5, seed=3).set_state(old)
-
-
 # --- the callback ---------------------------------------------------------------------------
 
 

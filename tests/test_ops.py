@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfgc_ops
-from tfgc_ops import reference
+import reference_ops as reference
 
 
 def quartic_bytes(rng, n, zero_fraction):

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc_ops import reference as ref
+import reference_ops as ref
 
 SIZES = [0, 1, 7, 8, 9, 4099, 100_003]
 SEED = [123456789012, -5]

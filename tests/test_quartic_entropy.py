@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfgc_ops
-from tfgc_ops import reference
+import reference_ops as reference
 
 encode, decode = tfgc_ops.quartic_entropy_encode, tfgc_ops.quartic_entropy_decode
 

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc_ops import reference
+import reference_ops as reference
 
 
 def ternary(x, scale):

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import tfgc
 from tfgc import memory
-from tfgc_ops import reference
+import reference_ops as reference
 
 
 def expected_bytes(x, sparsity):

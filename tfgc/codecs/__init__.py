@@ -17,6 +17,8 @@
 | QSGD(bits)            | GradiVeQ      | bits                        | no       | yes        |
 | GradiVeQ(lambda, ...) | GradiVeQ      | 32 d / K (conv kernels)     | yes      | no         |
 """
+from typing import Any, Mapping
+
 from tfgc.codecs.adaptive import AdaptiveQuantize
 from tfgc.codecs.base import (
     MAX_DECODED_ELEMENTS, Codec, MalformedPayloadError, StochasticCodec, payload_nbytes,
@@ -38,7 +40,7 @@ _CODECS = {
 }
 
 
-def register(cls):
+def register(cls: type[Codec]) -> type[Codec]:
     """Makes a codec class known to `deserialize` (for codecs defined outside this
     package); returns it, so it can decorate."""
     if not (isinstance(cls, type) and issubclass(cls, Codec)):
@@ -47,12 +49,12 @@ def register(cls):
     return cls
 
 
-def names():
+def names() -> list[str]:
     """The class names `lookup` and `deserialize` know, sorted."""
     return sorted(_CODECS)
 
 
-def lookup(name):
+def lookup(name: str) -> type[Codec]:
     """The codec class called `name` (e.g. "ThreeLC"), registered ones included.
 
     Raises:
@@ -64,12 +66,12 @@ def lookup(name):
         raise ValueError(f"unknown codec {name!r}; known: {names()}") from None
 
 
-def serialize(codec):
+def serialize(codec: Codec) -> dict[str, Any]:
     """{"class_name", "config"} of a codec, for optimizer configs."""
     return {"class_name": type(codec).__name__, "config": codec.get_config()}
 
 
-def deserialize(spec):
+def deserialize(spec: Mapping[str, Any]) -> Codec:
     """Inverse of `serialize`."""
     return lookup(spec.get("class_name")).from_config(spec["config"])
 

@@ -1,5 +1,6 @@
 """The "Adaptive" baseline of MQGrad's paper (Oland & Raj 2015): bits chosen per tensor."""
 import math
+from typing import Optional
 
 import tensorflow as tf
 
@@ -55,7 +56,8 @@ class AdaptiveQuantize(Quantize):
       min_bits, max_bits: the allowed range.
     """
 
-    def __init__(self, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS, name=None):
+    def __init__(self, rho: float = 0.01, min_bits: int = MIN_BITS, max_bits: int = MAX_BITS,
+                 name: Optional[str] = None) -> None:
         rho = base.check_real(rho, "AdaptiveQuantize rho")
         if not rho > 0:
             raise ValueError(f"rho must be positive, got {rho}")

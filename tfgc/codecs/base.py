@@ -26,6 +26,7 @@ import functools
 import inspect
 import math
 import numbers
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -40,6 +41,11 @@ MAX_DECODED_ELEMENTS = 2**28
 # times faster at 16M values); smaller tensors, e.g. the biases of a fused message, skip
 # the compile per shape.
 JIT_MIN_ELEMENTS = 1 << 16
+
+#: A payload: field name -> tensor, a flat dict (what `encode` returns, `decode` takes).
+Payload = Mapping[str, tf.Tensor]
+#: A static shape: a `tf.TensorShape` or a sequence of ints.
+Shape = Union[tf.TensorShape, Sequence[int]]
 
 
 class Codec(abc.ABC):
@@ -87,15 +93,16 @@ class Codec(abc.ABC):
     max_decoded_elements = None
 
     @property
-    def name(self):
+    def name(self) -> str:
         return type(self).__name__
 
     @abc.abstractmethod
-    def encode(self, x):
+    def encode(self, x: tf.Tensor) -> Payload:
         """Compresses `x` into a payload (flat dict of tensors)."""
 
     @abc.abstractmethod
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: Payload,
+               expected_shape: Optional[Shape] = None) -> tf.Tensor:
         """Rebuilds a tensor of the encoded tensor's shape and dtype from `payload`.
 
         Args:
@@ -109,36 +116,39 @@ class Codec(abc.ABC):
           tf.errors.InvalidArgumentError: the same, found when the decode runs.
         """
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[Payload, tf.Tensor]:
         """Returns (payload, decode(payload)), possibly without running the decoder."""
         payload = self.encode(x)
         return payload, self.decode(payload)
 
-    def encode_batch(self, tensors):
+    def encode_batch(self, tensors: Sequence[tf.Tensor]) -> Payload:
         """Compresses a list of tensors of one dtype into one payload (`batched` codecs)."""
         return self.encode_and_reconstruct_batch(tensors)[0]
 
-    def encode_and_reconstruct_batch(self, tensors):
+    def encode_and_reconstruct_batch(self, tensors: Sequence[tf.Tensor]
+                                     ) -> tuple[Payload, list[tf.Tensor]]:
         """Returns (payload, [decoding of each tensor]) for `encode_batch`."""
         raise NotImplementedError(f"{self.name} has no batched encoding (batched=False)")
 
-    def decode_batch(self, payload, shapes):
+    def decode_batch(self, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
         """The tensors of an `encode_batch` payload, given their static `shapes` (the
         receiver knows them: the payload carries none)."""
         raise NotImplementedError(f"{self.name} has no batched decoding (batched=False)")
 
-    def encode_values(self, values):
+    def encode_values(self, values: tf.IndexedSlices) -> Payload:
         """Compresses the rows of `tf.IndexedSlices` whose indices (distinct) the
         receiver holds; payloads carry no indices (`encodes_values_alone` codecs)."""
         raise NotImplementedError(f"{self.name} sends no values without their indices "
                                   "(encodes_values_alone=False)")
 
-    def decode_values(self, payload, indices, dense_shape):
+    def decode_values(self, payload: Payload, indices: tf.Tensor,
+                      dense_shape: tf.Tensor) -> tf.IndexedSlices:
         """Inverse of `encode_values`: the `tf.IndexedSlices` at the receiver's `indices`."""
         raise NotImplementedError(f"{self.name} sends no values without their indices "
                                   "(encodes_values_alone=False)")
 
-    def encode_and_reconstruct_group(self, tensors):
+    def encode_and_reconstruct_group(self, tensors: Sequence[tf.Tensor]
+                                     ) -> tuple[Payload, list[tf.Tensor]]:
         """(payload, [decoding of each tensor]) for the tensors of one payload: a tensor
         alone in its own format, several in the batched one (`batched` codecs)."""
         if len(tensors) == 1:
@@ -146,13 +156,14 @@ class Codec(abc.ABC):
             return payload, [sent]
         return self.encode_and_reconstruct_batch(tensors)
 
-    def decode_group(self, payload, shapes):
+    def decode_group(self, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
         """Inverse of `encode_and_reconstruct_group`, given the tensors' static shapes."""
         if len(shapes) == 1:
             return [decode_expecting(self, payload, shapes[0])]
         return self.decode_batch(payload, shapes)
 
-    def encode_and_reconstruct_flat(self, flat, shapes):
+    def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[Shape]
+                                    ) -> tuple[Payload, tf.Tensor]:
         """`encode_and_reconstruct_group` of tensors of the static `shapes` laid end to
         end in the vector `flat`; returns (payload, their decodings laid end to end).
 
@@ -163,11 +174,11 @@ class Codec(abc.ABC):
         payload, sent = self.encode_and_reconstruct_group(split_flat(flat, shapes))
         return payload, concat_flat(sent)
 
-    def decode_flat(self, payload, shapes):
+    def decode_flat(self, payload: Payload, shapes: Sequence[Shape]) -> tf.Tensor:
         """Inverse of `encode_and_reconstruct_flat`: the decodings laid end to end."""
         return concat_flat(self.decode_group(payload, shapes))
 
-    def bind(self, variable):
+    def bind(self, variable: tf.Variable) -> "Codec":
         """The codec to use for `variable`'s gradients (default: this one).
 
         `DistributedOptimizer.build` calls it once per compressed variable, inside the
@@ -178,12 +189,12 @@ class Codec(abc.ABC):
         del variable
         return self
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         """Constructor arguments, for serialization with `from_config`."""
         return {}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: Mapping[str, Any]) -> "Codec":
         return cls(**config)
 
     def __repr__(self):
@@ -203,15 +214,17 @@ class FlatBatchCodec(Codec):
     batched = True
 
     @abc.abstractmethod
-    def encode_flat_batch(self, flat, shapes):
+    def encode_flat_batch(self, flat: tf.Tensor, shapes: Sequence[Shape]
+                          ) -> tuple[Payload, tf.Tensor]:
         """(payload, decodings laid end to end) of tensors of the static `shapes`
         laid end to end in the floating vector `flat`."""
 
     @abc.abstractmethod
-    def decode_flat_batch(self, payload, shapes):
+    def decode_flat_batch(self, payload: Payload, shapes: Sequence[Shape]) -> tf.Tensor:
         """Inverse of `encode_flat_batch`: the decodings laid end to end."""
 
-    def encode_and_reconstruct_batch(self, tensors):
+    def encode_and_reconstruct_batch(self, tensors: Sequence[tf.Tensor]
+                                     ) -> tuple[Payload, list[tf.Tensor]]:
         tensors = [check_floating(x, self.name) for x in tensors]
         check_one_dtype(tensors, self.name)
         shapes = [tf.TensorShape(x.shape) for x in tensors]
@@ -220,15 +233,16 @@ class FlatBatchCodec(Codec):
         payload, values = self.encode_flat_batch(concat_flat(tensors), shapes)
         return payload, split_flat(values, shapes)
 
-    def decode_batch(self, payload, shapes):
+    def decode_batch(self, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
         return split_flat(self.decode_flat_batch(payload, shapes), shapes)
 
-    def encode_and_reconstruct_flat(self, flat, shapes):
+    def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[Shape]
+                                    ) -> tuple[Payload, tf.Tensor]:
         if len(shapes) == 1:
             return super().encode_and_reconstruct_flat(flat, shapes)
         return self.encode_flat_batch(check_floating(flat, self.name), shapes)
 
-    def decode_flat(self, payload, shapes):
+    def decode_flat(self, payload: Payload, shapes: Sequence[Shape]) -> tf.Tensor:
         if len(shapes) == 1:
             return super().decode_flat(payload, shapes)
         return self.decode_flat_batch(payload, shapes)
@@ -241,11 +255,11 @@ class ReconstructingCodec(Codec):
     reconstruction.
     """
 
-    def encode(self, x):
+    def encode(self, x: tf.Tensor) -> Payload:
         return self.encode_and_reconstruct(x)[0]
 
     @abc.abstractmethod
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[Payload, tf.Tensor]:
         """Returns (payload, decode(payload))."""
 
 
@@ -545,7 +559,7 @@ def check_decoded_field(tensor, codec, expected_shape=None, key="values"):
         return tf.identity(tensor)
 
 
-def payload_nbytes(payload):
+def payload_nbytes(payload: Payload) -> tf.Tensor:
     """Bytes a payload puts on the wire, as an int64 scalar tensor."""
     total = tf.constant(0, tf.int64)
     for tensor in tf.nest.flatten(payload):
@@ -689,7 +703,7 @@ class StochasticCodec(tf.Module, ReconstructingCodec):
       seed: an int for reproducible draws, or None for a nondeterministic seed.
     """
 
-    def __init__(self, seed=None, name=None):
+    def __init__(self, seed: Optional[int] = None, name: Optional[str] = None) -> None:
         tf.Module.__init__(self, name=name)
         self.seed = seed
         if seed is None:

@@ -9,6 +9,8 @@ the true |v| (the paper's deliberate underestimate), with the sign kept.
 """
 import collections.abc
 
+from typing import Optional, Union
+
 import tensorflow as tf
 
 import tfgc_ops
@@ -43,7 +45,8 @@ class FastSGD(base.Codec):
     accepts_indexed_slices = True
     encodes_values_alone = True
 
-    def __init__(self, base=1.1, threshold=MAX_THRESHOLD, flag_bits=2):
+    def __init__(self, base: float = 1.1, threshold: int = MAX_THRESHOLD,
+                 flag_bits: int = 2) -> None:
         base = check_real(base, "FastSGD base")
         threshold = check_integer(threshold, "FastSGD threshold", 1, MAX_THRESHOLD)
         flag_bits = tfgc_ops.check_flag_bits(flag_bits, "FastSGD flag_bits")
@@ -56,7 +59,7 @@ class FastSGD(base.Codec):
 
     # --- encoding ------------------------------------------------------------------
 
-    def encode(self, x):
+    def encode(self, x: Union[tf.Tensor, tf.IndexedSlices]) -> base.Payload:
         if isinstance(x, tf.IndexedSlices):
             return self._encode_slices(x)
         x = base.check_floating(x, self.name)
@@ -110,7 +113,7 @@ class FastSGD(base.Codec):
 
     # --- rows without their indices -------------------------------------------------
 
-    def encode_values(self, values):
+    def encode_values(self, values: tf.IndexedSlices) -> base.Payload:
         """The rows of IndexedSlices whose distinct indices the receiver holds: their
         values as `encode` sends them, without keys or shape. Which elements were kept
         travels as the shorter list of positions in the rows, packed as keys: those
@@ -127,7 +130,8 @@ class FastSGD(base.Codec):
                 "kept_listed": tf.reshape(tf.cast(kept_listed, tf.uint8), [1]),
                 "values": codes, "sum": total, "dtype": tf.zeros([0], values.dtype)}
 
-    def decode_values(self, payload, indices, dense_shape):
+    def decode_values(self, payload: base.Payload, indices: tf.Tensor,
+                      dense_shape: tf.Tensor) -> tf.IndexedSlices:
         fields = base.check_payload(payload, self.name, _VALUES_FIELDS)
         dense_shape = tf.cast(dense_shape, tf.int64)
         count = tf.size(indices, out_type=tf.int64) * tf.reduce_prod(dense_shape[1:])
@@ -146,7 +150,8 @@ class FastSGD(base.Codec):
 
     # --- decoding ------------------------------------------------------------------
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload, expected_shape: Optional[base.Shape] = None
+               ) -> Union[tf.Tensor, tf.IndexedSlices]:
         sparse = isinstance(payload, collections.abc.Mapping) and "dense_shape" in payload
         key = "dense_shape" if sparse else "shape"
         fields, dims, n = base.checked_payload(

@@ -52,6 +52,8 @@ MultiWorkerMirroredStrategy (`ReplicaContext.all_reduce` is a merge call there),
 one all-gather (int32) whose lengths depend on the phase; the one a phase does not need
 carries a single word, since TensorFlow's collectives crash on empty tensors.
 """
+from typing import Optional, Sequence
+
 import tensorflow as tf
 
 from tfgc.codecs import base, identity
@@ -110,19 +112,19 @@ class GradiVeQ(base.Codec):
 
     def __init__(
         self,
-        loss_threshold=0.01,
-        slice_multiple=None,
-        reuse=None,
-        warmup_steps=2500,
-        sampling_steps=100,
-        compressed_steps=400,
-        early_stop_loss=None,
-        sampling_bits=4,
-        sampling_bucket_size=512,
-        seed=None,
-        centred=True,
-        pool_slices=False,
-    ):
+        loss_threshold: float = 0.01,
+        slice_multiple: Optional[int] = None,
+        reuse: Optional[int] = None,
+        warmup_steps: int = 2500,
+        sampling_steps: int = 100,
+        compressed_steps: int = 400,
+        early_stop_loss: Optional[float] = None,
+        sampling_bits: Optional[int] = 4,
+        sampling_bucket_size: int = 512,
+        seed: Optional[int] = None,
+        centred: bool = True,
+        pool_slices: bool = False,
+    ) -> None:
         check = base.check_integer
         loss_threshold = base.check_real(loss_threshold, "GradiVeQ loss_threshold")
         if not 0.0 <= loss_threshold < 1.0:
@@ -173,7 +175,7 @@ class GradiVeQ(base.Codec):
             "pool_slices": self.pool_slices,
         }
 
-    def bind(self, variable, name=None):
+    def bind(self, variable: tf.Variable, name: Optional[str] = None) -> base.Codec:
         """The compressor for `variable`: a `GradiVeQLayer` for 4-D (conv) kernels,
         `NoCompression()` for anything else (the paper compresses conv layers only)."""
         shape = tf.TensorShape(variable.shape)
@@ -185,13 +187,14 @@ class GradiVeQ(base.Codec):
             )
         return GradiVeQLayer(self, shape, name=name)
 
-    def encode(self, x):
+    def encode(self, x: tf.Tensor) -> base.Payload:
         raise RuntimeError(
             "GradiVeQ keeps a compressor per layer: call codec.bind(variable) and use the "
             "returned GradiVeQLayer (tfgc.DistributedOptimizer does this for you)"
         )
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         self.encode(None)
 
 
@@ -220,7 +223,8 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
     supports_error_feedback = False
     owns_all_reduce = True
 
-    def __init__(self, settings, kernel_shape, name="gradiveq"):
+    def __init__(self, settings: GradiVeQ, kernel_shape: Sequence[int],
+                 name: str = "gradiveq") -> None:
         tf.Module.__init__(self, name=name)
         self.settings = settings
         self.kernel_shape = [int(n) for n in kernel_shape]
@@ -334,16 +338,17 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
     # --- the codec face (one process, ParameterServerStrategy) ---------------------------
 
     @plain_python
-    def encode(self, x):
+    def encode(self, x: tf.Tensor) -> base.Payload:
         return self._encode(x, num_workers=1)
 
     @plain_python
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         payload = self._encode(x, num_workers=1)
         return payload, self._reconstruct(payload)
 
     @plain_python
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         """Decodes `payload` and advances the schedule by one step (see the class doc).
 
         The decoding has the bound kernel's shape; `expected_shape`, if given, must be it.

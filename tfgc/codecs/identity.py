@@ -1,5 +1,6 @@
 """The uncompressed baseline and the 16-bit casts practitioners compare against first."""
 import collections.abc
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -18,18 +19,20 @@ class NoCompression(base.Codec):
     summable = True
     accepts_indexed_slices = True
 
-    def encode(self, x):
+    def encode(self, x: Union[tf.Tensor, tf.IndexedSlices]) -> base.Payload:
         if isinstance(x, tf.IndexedSlices):
             return _slices_payload(x, self.name)
         return {"values": base.check_floating(x, self.name)}
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload, expected_shape: Optional[base.Shape] = None
+               ) -> Union[tf.Tensor, tf.IndexedSlices]:
         if isinstance(payload, collections.abc.Mapping) and "indices" in payload:
             return _slices_from_payload(self, payload, expected_shape)
         fields = base.check_payload(payload, self.name, _DENSE_FIELDS)
         return base.check_decoded_field(fields["values"], self, expected_shape)
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: Union[tf.Tensor, tf.IndexedSlices]
+                               ) -> tuple[base.Payload, Union[tf.Tensor, tf.IndexedSlices]]:
         payload = self.encode(x)
         return payload, x if isinstance(x, tf.IndexedSlices) else payload["values"]
 
@@ -51,7 +54,7 @@ class Cast(base.FlatBatchCodec):
 
     summable = True
 
-    def __init__(self, dtype="float16"):
+    def __init__(self, dtype: Union[str, tf.DType] = "float16") -> None:
         self.dtype = tf.as_dtype(dtype)
         if self.dtype not in (tf.float16, tf.bfloat16):
             raise ValueError(f"Cast sends float16 or bfloat16, got {self.dtype.name}")
@@ -60,7 +63,7 @@ class Cast(base.FlatBatchCodec):
     def get_config(self):
         return {"dtype": self.dtype.name}
 
-    def encode(self, x):
+    def encode(self, x: tf.Tensor) -> base.Payload:
         x = base.check_floating(x, self.name)
         # The receiver needs the input dtype: a zero-size tensor carries it for free.
         return {"values": self._cast(x), "dtype": tf.zeros([0], x.dtype)}
@@ -71,7 +74,8 @@ class Cast(base.FlatBatchCodec):
             x = tf.where(tf.math.is_finite(x), tf.clip_by_value(x, -largest, largest), x)
         return tf.cast(x, self.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields = base.check_payload(payload, self.name, self._fields())
         values = base.check_decoded_field(fields["values"], self, expected_shape)
         return tf.cast(values, fields["dtype"].dtype)
@@ -81,11 +85,12 @@ class Cast(base.FlatBatchCodec):
 
     # The batch is already one vector: its payload is that vector's.
 
-    def encode_flat_batch(self, flat, shapes):
+    def encode_flat_batch(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
+                          ) -> tuple[base.Payload, tf.Tensor]:
         payload = self.encode(flat)
         return payload, self.decode(payload)
 
-    def decode_flat_batch(self, payload, shapes):
+    def decode_flat_batch(self, payload: base.Payload, shapes: Sequence[base.Shape]) -> tf.Tensor:
         total = sum(tf.TensorShape(shape).num_elements() for shape in shapes)
         return self.decode(payload, expected_shape=[total])
 

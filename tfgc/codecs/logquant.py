@@ -1,4 +1,6 @@
 """Logarithmic quantization (LogQuant, Miyashita et al. 2016): signed powers of two."""
+from typing import Optional
+
 import tensorflow as tf
 
 import tfgc_ops
@@ -21,13 +23,13 @@ class LogQuant(base.ReconstructingCodec):
     "dtype": an empty tensor of x's dtype, "shape"}.
     """
 
-    def __init__(self, bits=4):
+    def __init__(self, bits: int = 4) -> None:
         self.bits = quantize.check_bits(bits, "LogQuant bits")
 
     def get_config(self):
         return {"bits": self.bits}
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         # One C++ pass after the largest magnitude (NaN for a non-finite input, which makes
@@ -43,7 +45,8 @@ class LogQuant(base.ReconstructingCodec):
         }
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
         # One pass of C++: level m >= 1 is +-scale * 2^(1 - m), 0 is 0.
         values = tfgc_ops.log_levels_decode(fields["data"], fields["scale"], n, self.bits)

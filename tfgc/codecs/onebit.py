@@ -1,4 +1,6 @@
 """1-bit quantization with squared-error-minimizing values (1-bit SGD, Seide et al. 2014)."""
+from typing import Optional
+
 import tensorflow as tf
 
 import tfgc_ops
@@ -16,7 +18,7 @@ class OneBit(base.ReconstructingCodec):
     Payload: {"data": sign bits, "positive", "negative" (means in x's dtype), "shape"}.
     """
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         data, sums, counts = tfgc_ops.sign_bits_encode(flat)
@@ -33,7 +35,8 @@ class OneBit(base.ReconstructingCodec):
         values = tf.where(flat >= 0, positive, negative)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
         base.check_same_dtype(fields, ["positive", "negative"], self.name)
         data = base.check_size(fields["data"], bitpack.packed_size(n, 1), self.name)

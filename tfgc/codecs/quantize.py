@@ -1,4 +1,6 @@
 """Uniform integer quantization: MQGrad's K-bit quantizer and the 8-bit int baseline."""
+from typing import Optional, Union
+
 import tensorflow as tf
 
 import tfgc_ops
@@ -20,7 +22,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
     Payload: {"data": packed codes, "min", "max", "bits": uint8, "shape"}.
     """
 
-    def __init__(self, bits=8, name=None):
+    def __init__(self, bits: Union[int, tf.Variable] = 8, name: Optional[str] = None) -> None:
         tf.Module.__init__(self, name=name)
         if isinstance(bits, tf.Variable):
             if bits.dtype != tf.int32:
@@ -32,7 +34,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
     def get_config(self):
         return {"bits": int(self.bits.numpy())}
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         return self._quantize(base.check_floating(x, self.name))
 
     def encode_with_bits(self, x, bits):
@@ -72,7 +74,8 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         }
         return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
         base.check_same_dtype(fields, ["min", "max"], self.name)
         bits = _payload_bits(fields["bits"], self.name)
@@ -142,10 +145,10 @@ class Int8(base.ReconstructingCodec):
     Payload: {"data": int8, "scale", "shape"}.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._codes = base.CompiledForLarge(_int8_codes)
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         q, scale, finite = self._codes(x)
         scale = base.round_to(base.nan_unless(finite, scale), x.dtype)
@@ -157,7 +160,8 @@ class Int8(base.ReconstructingCodec):
         reconstructed = tf.cast(q, tf.float32) * scale
         return payload, tf.cast(tf.reshape(reconstructed, tf.shape(x)), x.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _INT8_FIELDS, expected_shape)
         data = base.check_size(fields["data"], n, self.name)
         scale = fields["scale"]

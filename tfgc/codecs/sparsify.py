@@ -4,6 +4,8 @@ Both drop most values; run them under `tfgc.ErrorFeedback` so that what is not s
 kept for later steps (as 3LC's baselines do). Non-finite values are always sent, so a
 failed step stays visible after decoding.
 """
+from typing import Optional
+
 import tensorflow as tf
 
 import tfgc_ops
@@ -30,13 +32,13 @@ class Sparsify(base.ReconstructingCodec):
     Payload: {"bitmap": 1 bit per value, "values": kept values in x's dtype, "shape"}.
     """
 
-    def __init__(self, fraction=0.25):
+    def __init__(self, fraction: float = 0.25) -> None:
         self.fraction = _share(fraction, "Sparsify fraction")
 
     def get_config(self):
         return {"fraction": self.fraction}
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         flat = tf.reshape(x, [-1])
         k = tf.cast(tf.math.ceil(self.fraction * tf.cast(tf.size(flat), tf.float32)), tf.int32)
@@ -55,7 +57,8 @@ class Sparsify(base.ReconstructingCodec):
         }
         return payload, tf.reshape(tf.where(keep, flat, tf.zeros_like(flat)), tf.shape(x))
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _SPARSIFY_FIELDS, expected_shape)
         dtype = fields["values"].dtype
         if dtype in _THROUGH_FLOAT32:  # the op checks both sizes before allocating
@@ -78,13 +81,13 @@ class TopK(base.ReconstructingCodec):
     Payload: {"indices": int32 (ascending), "values" in x's dtype, "shape"}.
     """
 
-    def __init__(self, ratio=0.01):
+    def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = _share(ratio, "TopK ratio")
 
     def get_config(self):
         return {"ratio": self.ratio}
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         flat = tf.reshape(x, [-1])
         n = tf.size(flat)
@@ -108,7 +111,8 @@ class TopK(base.ReconstructingCodec):
         dense = tf.scatter_nd(indices[:, None], values, tf.shape(flat))
         return payload, tf.reshape(dense, tf.shape(x))
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _TOPK_FIELDS, expected_shape)
         indices = fields["indices"]
         values = base.check_size(fields["values"], tf.size(indices), self.name, key="values")

@@ -1,4 +1,6 @@
 """Unbiased stochastic quantizers: TernGrad-like 3-values and QSGD."""
+from typing import Optional
+
 import tensorflow as tf
 
 import tfgc_ops
@@ -17,13 +19,13 @@ class StochasticTernary(base.StochasticCodec):
 
     unbiased = True
 
-    def __init__(self, seed=None):
+    def __init__(self, seed: Optional[int] = None) -> None:
         super().__init__(seed=seed, name="stochastic_ternary")
 
     def get_config(self):
         return {"seed": self.seed}
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         # NaN when a value is not finite: every 3-value is then 0 and decodes to NaN.
@@ -37,7 +39,8 @@ class StochasticTernary(base.StochasticCodec):
         values = tfgc_ops.quartic_unfold(data, tf.size(flat), scale)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _TERNARY_FIELDS, expected_shape)
         scale = fields["scale"]
         values = tfgc_ops.quartic_unfold(fields["data"], n, tf.cast(scale, tf.float32))
@@ -68,7 +71,7 @@ class QSGD(base.StochasticCodec):
 
     unbiased = True
 
-    def __init__(self, bits=4, bucket_size=512, seed=None):
+    def __init__(self, bits: int = 4, bucket_size: int = 512, seed: Optional[int] = None) -> None:
         bits = quantize.check_bits(bits, "QSGD bits")
         bucket_size = base.check_integer(bucket_size, "QSGD bucket_size", low=1)
         super().__init__(seed=seed, name="qsgd")
@@ -79,7 +82,7 @@ class QSGD(base.StochasticCodec):
     def get_config(self):
         return {"bits": self.bits, "bucket_size": self.bucket_size, "seed": self.seed}
 
-    def encode_and_reconstruct(self, x):
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         norms = base.round_to(tfgc_ops.qsgd_norms(flat, self.bucket_size), x.dtype)
@@ -93,7 +96,8 @@ class QSGD(base.StochasticCodec):
         values = tfgc_ops.qsgd_decode(data, norms, tf.size(flat), self.bits, self.bucket_size)
         return payload, tf.cast(tf.reshape(values, tf.shape(x)), x.dtype)
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _QSGD_FIELDS, expected_shape)
         norms = fields["norms"]
         values = tfgc_ops.qsgd_decode(fields["data"], tf.cast(norms, tf.float32), n,

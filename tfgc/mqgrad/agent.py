@@ -12,10 +12,6 @@ from tfgc.codecs.quantize import MAX_BITS, MIN_BITS
 KEEP, ADD = 0, 1
 _STATE_VERSION = 1
 REWARD_NORMALIZATIONS = ("none", "rms")
-# Options and state added after version 1: what a checkpoint without them meant (the
-# paper's agent, the only one then).
-_OPTION_DEFAULTS = {"reward_normalization": "none", "epsilon_decay": 1.0}
-_STATE_DEFAULTS = {"reward_count": 0, "reward_square_sum": 0.0}
 
 
 # --- the formulas ------------------------------------------------------------------------
@@ -360,13 +356,11 @@ class MQGradAgent(tf.__internal__.tracking.Trackable):
         """Restores a state from `get_state` (the config must match this agent's)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unknown MQGrad agent state version {state.get('version')}")
-        # Options added after a checkpoint was written take their defaults (the paper's).
-        saved_config = {**_OPTION_DEFAULTS, **state["config"]}
-        if saved_config != _to_json(self.config):
+        if state["config"] != _to_json(self.config):
             raise ValueError(
                 f"checkpointed MQGrad agent has config {state['config']}, this one {self.config}")
         for key in self._STATE_KEYS:
-            setattr(self, key, state[key] if key in state else _STATE_DEFAULTS[key])
+            setattr(self, key, state[key])
         if self.state_losses is not None:
             self.state_losses = np.asarray(self.state_losses, np.float64)
         self.params = {k: np.asarray(v, np.float64) for k, v in state["params"].items()}
