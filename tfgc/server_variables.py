@@ -128,16 +128,16 @@ class _Deleter:
     `EagerResourceDeleter`), quietly when its server is gone already: a cluster that
     shut down took the resource with it."""
 
-    __slots__ = ["_handle", "_device", "_context"]
+    __slots__ = ["_resource", "_device", "_context"]
 
     def __init__(self, handle, device):
-        self._handle, self._device = handle, device
+        self._resource, self._device = handle, device
         self._context = _compat.eager_context()  # kept alive until the op below has run
 
     def __del__(self):
         try:
             with _compat.eager_mode(), tf.device(self._device):
-                tf.raw_ops.DestroyResourceOp(resource=self._handle, ignore_lookup_error=True)
+                tf.raw_ops.DestroyResourceOp(resource=self._resource, ignore_lookup_error=True)
         except (tf.errors.OpError, TypeError, AttributeError):
             pass  # the server is gone, or so is the interpreter's state at exit
 
