@@ -171,3 +171,36 @@ def test_an_unbuilt_tf_keras_optimizer_knows_no_variable():
     optimizer.build([tf.Variable([2.0]), variable])
     assert _compat.tf_keras_variable_index(optimizer, variable) == 1
     assert _compat.tf_keras_num_variables(optimizer) == 2
+
+
+def test_the_hooks_for_the_optimizers_read_what_keras_holds():
+    # The optimizer package is to call these (see UNFENCED_FOR_NOW): checked here first.
+    import keras
+    import tf_keras
+
+    first, second = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    adam = tf_keras.optimizers.Adam(0.1)
+    adam.build([first, second])
+    m, v = _compat.tf_keras_adam_slots(adam, second)
+    assert m.shape == v.shape == second.shape and m is not v
+    grads = [tf.IndexedSlices(tf.constant([1.0, 2.0]), tf.constant([0, 0]), tf.constant([1]))]
+    summed, = _compat.tf_keras_deduplicate_sparse_grad(adam, grads)
+    assert summed.values.numpy().tolist() == [3.0] and summed.indices.numpy().tolist() == [0]
+    children = _compat.trackable_children(adam, "checkpoint")
+    assert isinstance(children, dict) and children, children
+    assert _compat.is_savedmodel_save("savedmodel") and not _compat.is_savedmodel_save(
+        "checkpoint")
+
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+    assert _compat.tf_keras_steps_per_execution(model) is None
+    model.compile("sgd", "mse", steps_per_execution=3)
+    assert int(_compat.tf_keras_steps_per_execution(model).numpy()) == 3
+
+    sgd = keras.optimizers.SGD(0.1)
+    assert isinstance(sgd, _compat.keras3_tf_optimizer())
+    assert hasattr(_compat.keras3_tf_optimizer(), _compat.KERAS3_ALL_REDUCE_SUM_GRADIENTS)
+    kfirst, ksecond = keras.Variable([1.0, 2.0]), keras.Variable([3.0])
+    sgd.build([kfirst, ksecond])
+    assert _compat.keras3_variable_index(sgd, ksecond) == 1
+    assert _compat.keras3_num_variables(sgd) == 2
+    assert _compat.keras3_iterations_variable(sgd) is sgd.iterations  # no accumulation
