@@ -30,9 +30,25 @@ def send_report(result):
 '''
 
 
-def script(body):
-    """The preamble followed by `body` (dedented): the text of a runnable script."""
-    return PREAMBLE + textwrap.dedent(body)
+# With "--pass-handles" among a script's arguments, the servers' variables are not named
+# (tfgc.server_variables) and every step passes their handles, as TensorFlow does it:
+# the baseline that named variables are compared with.
+PASS_HANDLES = """\
+if "--pass-handles" in sys.argv:
+    from tfgc import server_variables
+    server_variables.by_name = lambda variable: variable
+    sys.argv.remove("--pass-handles")
+"""
+
+
+def script(body, pass_handles=False):
+    """The preamble followed by `body` (dedented): the text of a runnable script.
+
+    Args:
+      body: the script's own code.
+      pass_handles: whether the script takes "--pass-handles" (see PASS_HANDLES).
+    """
+    return PREAMBLE + (PASS_HANDLES if pass_handles else "") + textwrap.dedent(body)
 
 
 def read_report(stdout, stderr=""):

@@ -109,8 +109,7 @@ COORDINATOR = cluster_scripts.script(
         c.check_alive()  # raises if a server exited
         report["kernel_elements"] = int(np.prod(kernel.shape))
     send_report(report)
-    """
-)
+    """, pass_handles=True)
 
 
 def test_many_variables_cost_one_message_per_step(run_report):
@@ -145,10 +144,10 @@ def test_compressed_pulls_cost_one_message_per_step(run_report):
     assert push_payload <= push <= 1.15 * push_payload + 4096, report
     assert pull_payload <= pull <= 1.15 * pull_payload + 4096, report
     # With the handles passed on every call, as TensorFlow does it
-    # (`TFGC_NAMED_SERVER_VARIABLES=0`), the same run's pushes carry 0.1-0.2 KB more
+    # (`cluster_scripts.PASS_HANDLES`), the same run's pushes carry 0.1-0.2 KB more
     # per variable and step (a weight and its slot).
-    passed = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"],
-                        env={"TFGC_NAMED_SERVER_VARIABLES": "0"})
+    passed = run_report(COORDINATOR, timeout=400,
+                        args=[str(STEPS), "entropy+pull", "--pass-handles"])
     assert passed["payload"] == report["payload"], (passed, report)
     assert passed["loss"] == report["loss"], (passed, report)
     extra = (passed["sent"] - report["sent"]) / STEPS

@@ -1,11 +1,13 @@
 """tf_keras batch-norm moving statistics updated on their server (tfgc.moving_statistics).
 
-Locally, a layer whose moving statistics are `NamedServerVariable`s must train as
+Locally, a layer whose moving statistics are `NamedServerVariable`s, switched on with
+`tfgc.batch_norm_on_server`, must train as
 the same layer with plain ones does (outputs equal, moving statistics equal up to
 float rounding, on the fused and the other path), and in its traced step every read
 of a moving statistic must be used on the statistic's own device only: under
 ParameterServerStrategy that is the server, so no statistic crosses to the worker;
-statistics on two servers are each updated on their own.
+statistics on two servers are each updated on their own. The switch is per model: a
+layer switched off (or never switched on) updates as Keras does, beside one that is on.
 The cluster side (equal training, named or passed, and the bytes) is in
 test_server_variables.py and benchmarks/wire_breakdown.py.
 """
@@ -16,20 +18,28 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+import tfgc
 from tfgc import moving_statistics
 from tfgc.server_variables import NamedServerVariable
 
-moving_statistics.install()
 
-
-def _layer(input_shape, named):
+def _layer(input_shape, named, on_server=True):
     tf_keras.utils.set_random_seed(0)
     layer = tf_keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
     layer.build(input_shape)
     if named:
         layer.moving_mean = NamedServerVariable(layer.moving_mean)
         layer.moving_variance = NamedServerVariable(layer.moving_variance)
+        assert tfgc.batch_norm_on_server(layer, on_server) == 1
     return layer
+
+
+def _updated_on_server(layer, input_shape):
+    """Whether `layer`'s traced training step packs its statistics for the server (the
+    split of the packed tensor is tfgc's; Keras's updates have none)."""
+    step = tf.function(lambda x: layer(x, training=True))
+    graph = step.get_concrete_function(tf.TensorSpec(input_shape)).graph
+    return any(op.type == "SplitV" for op in graph.get_operations())
 
 
 @pytest.mark.parametrize("input_shape", [(8, 4, 4, 3), (8, 5)], ids=["fused", "dense"])
@@ -73,6 +83,21 @@ def test_reads_of_named_statistics_stay_on_their_device(input_shape):
     for read in reads:
         for consumer in read.outputs[0].consumers():
             assert consumer.device == statistics[0].device, (consumer.type, consumer.device)
+
+
+@pytest.mark.parametrize("input_shape", [(8, 4, 4, 3), (8, 5)], ids=["fused", "dense"])
+def test_the_switch_is_per_model(input_shape):
+    on = _layer(input_shape, named=True)
+    off = _layer(input_shape, named=True, on_server=False)
+    assert _updated_on_server(on, input_shape)
+    assert not _updated_on_server(off, input_shape)
+    # Switched back, each model's next traced step follows.
+    assert tfgc.batch_norm_on_server(tf_keras.Sequential([off]), True) == 1
+    assert tfgc.batch_norm_on_server(on, enabled=False) == 1
+    assert _updated_on_server(off, input_shape)
+    assert not _updated_on_server(on, input_shape)
+    # Statistics that are plain variables cannot be updated on a server: left alone.
+    assert tfgc.batch_norm_on_server(_layer(input_shape, named=False)) == 0
 
 
 def test_an_empty_batch_leaves_the_statistics_as_they_are():

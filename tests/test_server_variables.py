@@ -2,7 +2,7 @@
 
 The same training runs twice, in fresh processes, once with the server's variables
 reached by name (the default) and once with their handles passed on every call, as
-TensorFlow does (`TFGC_NAMED_SERVER_VARIABLES=0`); each is 1 ps, 1 worker, tf_keras
+TensorFlow does (`cluster_scripts.PASS_HANDLES`); each is 1 ps, 1 worker, tf_keras
 `fit` of a small conv net with batch norm under `compressed_pulls()`, SGD with momentum
 and ThreeLC both ways, then FastSGD's sparse logistic regression with Adam, whose
 sparse update adds to its slots with `scatter_add` between reads of them. With names,
@@ -80,16 +80,14 @@ COORDINATOR = cluster_scripts.script(
                             "unnamed_slots": len(unnamed(adam.variables()))}
 
     send_report(report)
-    """
-)
+    """, pass_handles=True)
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_named_server_variables_train_as_passed_handles_do(run_report, tmp_path):
     named = run_report(COORDINATOR, timeout=400, args=[tmp_path / "named"])
-    passed = run_report(COORDINATOR, timeout=400, args=[tmp_path / "passed"],
-                        env={"TFGC_NAMED_SERVER_VARIABLES": "0"})
+    passed = run_report(COORDINATOR, timeout=400, args=[tmp_path / "passed", "--pass-handles"])
     # Sparse Adam's slots named (not its step counter), its training unchanged: a slot
     # reached through a second, captured handle was updated out of order.
     assert named["sparse"]["unnamed_slots"] == 1, named["sparse"]

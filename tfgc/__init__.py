@@ -9,6 +9,7 @@ from tfgc.memory import ErrorFeedback
 from tfgc.optimizer import (
     DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
 )
+from tfgc.moving_statistics import batch_norm_on_server
 from tfgc.trainer import fit_on_parameter_servers
 from tfgc.variables import compressed_pulls, get_variable
 
@@ -19,7 +20,7 @@ register_keras_optimizers()
 __version__ = "0.1.0"
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
-    "compressed_pulls", "fit_on_parameter_servers", "BoundedAdam", "cluster", "mqgrad",
+    "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers", "BoundedAdam", "cluster", "mqgrad",
 ]
 
 

@@ -11,7 +11,7 @@ import contextlib
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc import server_variables
+from tfgc import _compat, server_variables
 
 #: Variables with fewer elements are not compressed by the main codec (3LC sends them
 #: as they are; tfgc sends them with the small-tensor codec).
@@ -86,7 +86,7 @@ def num_workers(strategy=None):
     """Worker tasks under ParameterServerStrategy (each has its own pull state), else 1."""
     strategy = strategy or tf.distribute.get_strategy()
     if is_parameter_server(strategy):
-        return strategy._num_workers  # noqa: SLF001 (no public count before the coordinator)
+        return _compat.ps_num_workers(strategy)
     return 1
 
 

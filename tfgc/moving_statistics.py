@@ -7,84 +7,133 @@ statistic's value then crosses to the worker and its update crosses back: two
 transfers per statistic and step, each a request and a tensor (ResNet-20: 38
 statistics, ~13 KB each way of every step).
 
-For statistics that are `NamedServerVariable`s (those made in
-`tfgc.compressed_pulls()`), `install()` has the update computed on their server
-instead, with Keras's arithmetic (`v -= (v - batch) * (1 - momentum)`): only the
-batch's statistics cross, packed with the decay and Keras's "batch not empty" flag
-into one tensor (one transfer per layer and server on the fused path, per statistic
-on the other). Other variables, layers with batch renormalization or a mask, and
-eager code update as Keras does it.
+Which layers do so is chosen per model: `tfgc.compressed_pulls()` marks the
+statistics it creates (`batch_norm_on_server=True`, the default), and
+`tfgc.batch_norm_on_server(model, enabled)` switches a built model's layers on or
+off. For a marked statistic that is a `NamedServerVariable`, the update is computed
+on its server instead, with Keras's arithmetic (`v -= (v - batch) * (1 - momentum)`):
+only the batch's statistics cross, packed with the decay and Keras's "batch not empty"
+flag into one tensor (one transfer per layer and server on the fused path, per
+statistic on the other). Other variables, layers with batch renormalization or a mask,
+and eager code update as Keras does it.
+
+To reach the training step, tf_keras's `BatchNormalizationBase._fused_batch_norm` and
+`_assign_moving_average` are replaced, process-wide, the first time a statistic is
+marked (`tfgc._compat.replace_batch_norm_updates`); the replacements hand every layer
+whose statistics are not marked back to tf_keras's own methods.
 """
-# pylint: disable=protected-access
 import sys
 
 import tensorflow as tf
-from tensorflow.python.distribute import ps_values
-from tensorflow.python.framework import func_graph, ops
 
+from tfgc import _compat
 from tfgc.server_variables import NamedServerVariable
 
-_installed = False
+_MARK = "tfgc_batch_norm_on_server"  # set on a NamedServerVariable to update it there
+
+
+def mark(variable, enabled=True):
+    """Has `variable`'s moving-average updates computed on its server (`enabled`) or
+    as Keras computes them. Only a `NamedServerVariable` (also in ParameterServer-
+    Strategy's wrapper) can be updated there.
+
+    Returns:
+      Whether `variable` is one that this changes (a `NamedServerVariable`).
+    """
+    inner = _compat.unwrap_caching_variable(variable)
+    if not isinstance(inner, NamedServerVariable):
+        return False
+    setattr(inner, _MARK, bool(enabled))
+    if enabled:
+        install()
+    return True
+
+
+def batch_norm_on_server(model, enabled=True):
+    """Switches where a tf_keras model's batch-norm moving statistics are updated.
+
+    With `enabled`, the moving mean and variance of every `BatchNormalization` layer in
+    `model` (nested models included) are updated on their parameter server in a
+    training step: only the batch's statistics cross, once per layer and server (see
+    the module). Without, Keras reads them to the worker and writes them back, as it
+    does for any variable. It applies to statistics made in `tfgc.compressed_pulls()`
+    under ParameterServerStrategy (those are `NamedServerVariable`s), where it is on by
+    default (`compressed_pulls(batch_norm_on_server=...)`); others are left as they are.
+    Call it before the model's training step is traced (before `fit`): a step traced
+    already keeps the updates it was traced with.
+
+        with strategy.scope(), tfgc.compressed_pulls():
+            model = make_model()
+        tfgc.batch_norm_on_server(model, enabled=False)  # Keras's own updates
+
+    Args:
+      model: a tf_keras model or layer.
+      enabled: update on the server (True) or as Keras does (False).
+
+    Returns:
+      The number of batch-norm layers whose statistics this switched.
+    """
+    layers = [model, *getattr(model, "submodules", ())]
+    switched = 0
+    for layer in layers:
+        statistics = [getattr(layer, name, None) for name in ("moving_mean", "moving_variance")]
+        if any(v is None for v in statistics) or not hasattr(layer, "momentum"):
+            continue  # not a batch norm (or not built)
+        changed = [mark(v, enabled) for v in statistics]
+        switched += any(changed)
+    return switched
 
 
 def install():
-    """Routes tf_keras's `BatchNormalization` moving-statistics updates of named server
-    variables through `update_on_server` (once per process; a tf_keras without the
-    methods replaced here keeps its own)."""
-    global _installed
-    if _installed or "tf_keras" not in sys.modules:  # Keras 3 updates its own way
+    """Routes tf_keras's `BatchNormalization` moving-statistics updates of marked named
+    server variables through `update_on_server` (once per process; without tf_keras
+    loaded, nothing: Keras 3 updates its own way)."""
+    if "tf_keras" not in sys.modules:
         return
-    try:
-        from tf_keras.src.layers.normalization import batch_normalization
-        from tf_keras.src.utils import control_flow_util
-        layer_class = batch_normalization.BatchNormalizationBase
-        keras_fused = layer_class._fused_batch_norm
-        keras_moving_average = layer_class._assign_moving_average
-    except (ImportError, AttributeError):
-        return
+    _compat.replace_batch_norm_updates(_fused_batch_norm, _assign_moving_average)
 
-    def _fused_batch_norm(layer, inputs, mask, training):
-        if (mask is not None or layer.renorm
-                or control_flow_util.constant_value(training) is not True
-                or _on_server(layer.moving_mean) is None
-                or _on_server(layer.moving_variance) is None):
-            return keras_fused(layer, inputs, mask, training)
-        return _fused_training_step(layer, inputs)
 
-    def _assign_moving_average(layer, variable, value, momentum, inputs_size):
-        if _on_server(variable) is None:
-            return keras_moving_average(layer, variable, value, momentum, inputs_size)
-        return update_on_server([(variable, value)], momentum, inputs_size)
+def _fused_batch_norm(keras, layer, inputs, mask, training):
+    if (mask is not None or layer.renorm
+            or _compat.static_training(training) is not True
+            or _on_server(layer.moving_mean) is None
+            or _on_server(layer.moving_variance) is None):
+        return keras(layer, inputs, mask, training)
+    return _fused_training_step(layer, inputs)
 
-    layer_class._fused_batch_norm = _fused_batch_norm
-    layer_class._assign_moving_average = _assign_moving_average
-    _installed = True
+
+def _assign_moving_average(keras, layer, variable, value, momentum, inputs_size):
+    if _on_server(variable) is None:
+        return keras(layer, variable, value, momentum, inputs_size)
+    return update_on_server([(variable, value)], momentum, inputs_size)
 
 
 def _on_server(variable):
-    """The `NamedServerVariable` behind `variable` (itself or in ParameterServer-
+    """The marked `NamedServerVariable` behind `variable` (itself or in ParameterServer-
     Strategy's wrapper) while a traced step is being built; otherwise None."""
-    inner = variable.get() if isinstance(variable, ps_values.CachingVariable) else variable
-    if not isinstance(inner, NamedServerVariable) or tf.executing_eagerly():
+    inner = _compat.unwrap_caching_variable(variable)
+    if (not isinstance(inner, NamedServerVariable) or not getattr(inner, _MARK, False)
+            or tf.executing_eagerly()):
         return None
-    return inner if isinstance(ops.get_default_graph(), func_graph.FuncGraph) else None
+    return inner if _compat.is_function_graph(tf.compat.v1.get_default_graph()) else None
 
 
 def _fused_training_step(layer, inputs):
     """`layer`'s fused batch norm in training, as tf_keras computes it, with its moving
     statistics updated on their server (one transfer for both, where they share it)."""
-    param_shape, param_dtype = layer._param_shape, layer._param_dtype
+    settings = _compat.batch_norm_settings(layer)
+    param_shape, param_dtype = settings.param_shape, settings.param_dtype
     gamma = layer.gamma if layer.scale else tf.ones(param_shape, param_dtype)
     beta = layer.beta if layer.center else tf.zeros(param_shape, param_dtype)
     # Without running statistics in, the op returns the batch's (the variance with
     # Bessel's correction, which Keras's moving variance does not have).
     outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
         inputs, gamma, beta, epsilon=layer.epsilon, is_training=True,
-        data_format=layer._data_format)
-    if not layer._bessels_correction_test_only:
+        data_format=settings.data_format)
+    if not settings.bessels_correction_test_only:
         count = tf.cast(tf.size(inputs) / tf.size(variance), variance.dtype)
         variance = variance * ((count - 1.0) / count)
-    batch_size = tf.shape(inputs)[0] if layer._support_zero_size_input() else None
+    batch_size = tf.shape(inputs)[0] if settings.supports_zero_size_input else None
     layer.add_update(lambda: update_on_server(
         [(layer.moving_mean, mean), (layer.moving_variance, variance)],
         layer.momentum, batch_size))
@@ -107,7 +156,8 @@ def update_on_server(updates, momentum, inputs_size=None):
     """
     by_server = {}  # round-robin placement may put a layer's two statistics apart
     for variable, value in updates:
-        by_server.setdefault(_on_server(variable).device, []).append((variable, value))
+        device = _compat.unwrap_caching_variable(variable).device
+        by_server.setdefault(device, []).append((variable, value))
     for device, pairs in by_server.items():
         result = _update_on(device, pairs, momentum, inputs_size)
     return result

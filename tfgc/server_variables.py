@@ -12,44 +12,42 @@ SavedModel exports use the handle as any variable does.
 `by_name(variable)` turns a plain variable on a parameter server into one; tfgc does
 so for the variables made in `tfgc.compressed_pulls()` (the masters of the pulled
 weights, and the others, such as batch-norm statistics), for the slots of a tf_keras
-`DistributedOptimizer` and for its own server state. `TFGC_NAMED_SERVER_VARIABLES=0`
-in the coordinator's environment turns it off (every handle crosses, as TensorFlow
-does it).
+`DistributedOptimizer` and for its own server state.
+
+TensorFlow's internals used here (the variable classes, the variable constructor's
+private arguments) are reached through tfgc._compat.
 """
 
 import contextlib
-import os
+import itertools
 import uuid
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.distribute import ps_values
-from tensorflow.python.eager import context
-from tensorflow.python.framework import func_graph, ops
-from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
-from tensorflow.python.saved_model import save_context
+
+from tfgc import _compat
 
 # Names are unique per process; the token keeps two coordinators of one cluster apart.
 _TOKEN = uuid.uuid4().hex[:12]
+_SERIAL = itertools.count()
 
 
 def by_name(variable):
     """`variable` as a `NamedServerVariable` if it is a plain variable on a parameter
     server (or in ParameterServerStrategy's `CachingVariable` wrapper, which then
     wraps the named one); any other variable as it is."""
-    if os.environ.get("TFGC_NAMED_SERVER_VARIABLES", "1") == "0":
-        return variable  # turned off: every handle crosses, as TensorFlow does it
-    if isinstance(variable, ps_values.CachingVariable):
-        inner = by_name(variable.get())
-        return variable if inner is variable.get() else _NamedCachingVariable(inner)
-    if type(variable) is not resource_variable_ops.ResourceVariable:  # noqa: E721 (exact)
+    if isinstance(variable, _compat.CachingVariable):
+        wrapped = _compat.caching_variable_inner(variable)
+        inner = by_name(wrapped)
+        return variable if inner is wrapped else _NamedCachingVariable(inner)
+    if type(variable) is not _compat.ResourceVariable:  # noqa: E721 (exact)
         return variable
     if "/job:ps" not in (variable.device or ""):
         return variable
     return NamedServerVariable(variable)
 
 
-class NamedServerVariable(resource_variable_ops.ResourceVariable):
+class NamedServerVariable(_compat.ResourceVariable):
     """A copy of a parameter-server variable whose resource has a name (see the module).
 
     Args:
@@ -59,33 +57,29 @@ class NamedServerVariable(resource_variable_ops.ResourceVariable):
 
     def __init__(self, variable):  # pylint: disable=super-init-not-called
         name = variable.name.split(":")[0]
-        self._resource_name = f"tfgc_{_TOKEN}_{ops.uid()}_{name}"
+        self._resource_name = f"tfgc_{_TOKEN}_{next(_SERIAL)}_{name}"
         device = variable.device
-        with ops.init_scope(), ops.device(device):
-            handle = gen_resource_variable_ops.var_handle_op(
+        with tf.init_scope(), tf.device(device):
+            handle = tf.raw_ops.VarHandleOp(
                 dtype=variable.dtype, shape=variable.shape, shared_name=self._resource_name,
                 name=name)
             # Read and assigned on the server: the value does not travel.
-            gen_resource_variable_ops.assign_variable_op(
-                handle, gen_resource_variable_ops.read_variable_op(variable.handle,
-                                                                   variable.dtype))
-        handle._parent_trackable = weakref.ref(self)  # pylint: disable=protected-access
-        resource_variable_ops.BaseResourceVariable.__init__(
-            self, trainable=variable.trainable, shape=variable.shape, dtype=variable.dtype,
-            handle=handle, constraint=variable.constraint,
-            synchronization=variable.synchronization, aggregation=variable.aggregation,
-            distribute_strategy=variable._distribute_strategy,  # pylint: disable=protected-access
-            unique_id=self._resource_name, handle_name=name, in_graph_mode=False)
+            tf.raw_ops.AssignVariableOp(
+                resource=handle,
+                value=tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype))
+        _compat.set_parent_trackable(handle, self)
+        _compat.init_variable_from_handle(self, handle, variable,
+                                          unique_id=self._resource_name, handle_name=name)
         # A named resource outlives its handles unless it is destroyed.
         self._deleter = _Deleter(handle, device)
         self._graph_handles = weakref.WeakKeyDictionary()  # function graph -> handle
 
     @property
     def handle(self):
-        graph = ops.get_default_graph()
-        if (tf.executing_eagerly() or not isinstance(graph, func_graph.FuncGraph)
-                or save_context.in_save_context()):
-            return self._handle
+        graph = tf.compat.v1.get_default_graph()
+        if (tf.executing_eagerly() or not _compat.is_function_graph(graph)
+                or _compat.in_save_context()):
+            return _compat.resource_handle(self)
         if graph not in self._graph_handles:
             self._graph_handles[graph] = self._handle_in(graph)
         return self._graph_handles[graph]
@@ -95,12 +89,12 @@ class NamedServerVariable(resource_variable_ops.ResourceVariable):
         (so that every use in one traced step is one tensor, which orders them) and
         captured by the inner ones (a cond or loop body)."""
         outer = graph.outer_graph
-        if isinstance(outer, func_graph.FuncGraph):
+        if _compat.is_function_graph(outer):
             with outer.as_default():
                 outer_handle = self.handle
             return graph.capture(outer_handle)
-        with ops.control_dependencies(None), ops.device(self._handle.device):
-            handle = gen_resource_variable_ops.var_handle_op(
+        with tf.control_dependencies(None), tf.device(_compat.resource_handle(self).device):
+            handle = tf.raw_ops.VarHandleOp(
                 dtype=self.dtype, shape=self.shape, shared_name=self._resource_name)
         # A VarHandleOp is stateful without a resource input, so TensorFlow's automatic
         # control dependencies would chain it after the step's earlier stateful ops
@@ -114,7 +108,7 @@ class NamedServerVariable(resource_variable_ops.ResourceVariable):
         return handle
 
 
-class _NamedCachingVariable(ps_values.CachingVariable):
+class _NamedCachingVariable(_compat.CachingVariable):
     """ParameterServerStrategy's wrapper around a `NamedServerVariable`.
 
     The wrapper inherits `BaseResourceVariable`'s methods (`scatter_add` and others)
@@ -126,7 +120,7 @@ class _NamedCachingVariable(ps_values.CachingVariable):
 
     @property
     def _handle(self):
-        return self._v.handle
+        return _compat.caching_variable_inner(self).handle
 
 
 class _Deleter:
@@ -134,17 +128,16 @@ class _Deleter:
     `EagerResourceDeleter`), quietly when its server is gone already: a cluster that
     shut down took the resource with it."""
 
-    __slots__ = ["_handle", "_device", "_context"]
+    __slots__ = ["_resource", "_device", "_context"]
 
     def __init__(self, handle, device):
-        self._handle, self._device = handle, device
-        self._context = context.context()  # kept alive until the op below has run
+        self._resource, self._device = handle, device
+        self._context = _compat.eager_context()  # kept alive until the op below has run
 
     def __del__(self):
         try:
-            with context.eager_mode(), ops.device(self._device):
-                gen_resource_variable_ops.destroy_resource_op(self._handle,
-                                                              ignore_lookup_error=True)
+            with _compat.eager_mode(), tf.device(self._device):
+                tf.raw_ops.DestroyResourceOp(resource=self._resource, ignore_lookup_error=True)
         except (tf.errors.OpError, TypeError, AttributeError):
             pass  # the server is gone, or so is the interpreter's state at exit
 

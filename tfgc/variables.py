@@ -38,13 +38,8 @@ import warnings
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.distribute import sharded_variable
-from tensorflow.python.framework import ops, tensor_conversion_registry
-from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
-from tensorflow.python.saved_model import save_context
-from tensorflow.python.trackable import base as trackable
 
-from tfgc import moving_statistics, server_variables
+from tfgc import _compat, moving_statistics, server_variables
 from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable
 
@@ -108,11 +103,11 @@ def get_variable(name, shape, dtype=tf.float32, initializer="glorot_uniform", tr
     master = tf.Variable(
         lambda: init(shape, dtype), dtype=dtype, name=name, trainable=trainable
     )
-    return _maybe_pulled(master, min_elements=0)
+    return _maybe_pulled(master, min_elements=0, batch_norm_on_server=True)
 
 
 @contextlib.contextmanager
-def compressed_pulls(min_elements=0):
+def compressed_pulls(min_elements=0, batch_norm_on_server=True):
     """Creates the trainable variables made in this scope as `PulledVariable`s.
 
     Enter it inside `strategy.scope()` around model construction:
@@ -126,6 +121,11 @@ def compressed_pulls(min_elements=0):
         pulled, in one message per server and step: those the optimizer compresses
         with `pull_compression`, the small ones (biases, batch norm; below the
         optimizer's `min_elements`) with its small-tensor codec, as its pushes.
+      batch_norm_on_server: under ParameterServerStrategy, update the moving statistics
+        of the tf_keras batch-norm layers made in this scope on their server, where
+        only the batch's statistics cross (tfgc.moving_statistics); False leaves them
+        to Keras, which reads them to the worker and writes them back on every step.
+        `tfgc.batch_norm_on_server(model, enabled)` switches it for a built model.
     """
 
     strategy = tf.distribute.get_strategy()
@@ -140,22 +140,23 @@ def compressed_pulls(min_elements=0):
         variable = next_creator(**kwargs)
         if getattr(_state, "creating_buffers", False):
             return variable
-        return _maybe_pulled(variable, min_elements)
+        return _maybe_pulled(variable, min_elements, batch_norm_on_server)
 
     with tf.variable_creator_scope(creator):
         yield
 
 
-def _maybe_pulled(master, min_elements):
+def _maybe_pulled(master, min_elements, batch_norm_on_server):
     strategy = tf.distribute.get_strategy()
-    if isinstance(master, sharded_variable.ShardedVariable):
+    if isinstance(master, _compat.ShardedVariable):
         # A `variable_partitioner` split it over parameter servers: each shard is
         # pulled like a variable of its own, by the group of its server.
-        shards = [_maybe_pulled(shard, min_elements) for shard in master.variables]
-        container = sharded_variable.ShardedVariable(shards, name=master.name.split(":")[0])
+        shards = [_maybe_pulled(shard, min_elements, batch_norm_on_server)
+                  for shard in master.variables]
+        container = _compat.ShardedVariable(shards, name=master.name.split(":")[0])
         for shard in shards:
             # The optimizer groups its slots by the masters' container: make it this one.
-            getattr(shard, "master", shard)._sharded_container = weakref.ref(container)
+            _compat.set_sharded_container(getattr(shard, "master", shard), container)
         return container
     if tf.distribute.has_strategy() and not is_parameter_server(strategy):
         return master  # all-reduce strategies: every replica holds the model, no pulls
@@ -163,14 +164,15 @@ def _maybe_pulled(master, min_elements):
     # crossing (batch-norm statistics too, which Keras writes on every step).
     master = server_variables.by_name(master)
     if not (master.trainable and master.dtype.is_floating):
-        moving_statistics.install()  # Keras's batch-norm statistics: updated there
+        if batch_norm_on_server:  # Keras's batch-norm statistics: updated there
+            moving_statistics.mark(master)
         return master
     if master.shape.num_elements() < min_elements:
         return master
     return PulledVariable(master)
 
 
-class PulledVariable(resource_variable_ops.BaseResourceVariable):
+class PulledVariable(_compat.BaseResourceVariable):
     """A model variable read on workers from a cache kept up to date by compressed pulls.
 
     Eager reads (on the coordinator), assignments and checkpoints go to the master.
@@ -240,7 +242,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
             not tf.executing_eagerly()
             and not tf.distribute.in_cross_replica_context()
             # A SavedModel export traces the model to serve it: from the master.
-            and not save_context.in_save_context()
+            and not _compat.in_save_context()
         )
         if in_step and self._codec is None:
             _start_pulls()
@@ -248,7 +250,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
 
     def _cache_state(self):
         """(cache handle, pull op) of the current graph; the pull is added on first use."""
-        graph = ops.get_default_graph()
+        graph = tf.compat.v1.get_default_graph()
         if graph not in self._pulled:
             # One handle per graph: the tape watches and differentiates this tensor.
             handle = self.cache.handle
@@ -267,9 +269,9 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         if not self._reads_cache():
             return self._master.value()
         handle, pull = self._cache_state()
-        resource_variable_ops.variable_accessed(self)
+        _compat.variable_accessed(self)
         with tf.control_dependencies([pull] if pull is not None else []):
-            return gen_resource_variable_ops.read_variable_op(handle, self.dtype)
+            return tf.raw_ops.ReadVariableOp(resource=handle, dtype=self.dtype)
 
     def value(self):
         return self._read_variable_op()
@@ -364,14 +366,14 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
 
     def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
         # A SavedModel holds the master; the per-worker cache is no part of the model.
-        names = self._master._export_to_saved_model_graph(  # noqa: SLF001
-            object_map, tensor_map, options, **kwargs)
+        names = _compat.export_to_saved_model_graph(
+            self._master, object_map, tensor_map, options, **kwargs)
         object_map[self] = object_map[self._master]
         return names
 
     def _gather_saveables_for_checkpoint(self):
         # Checkpoints hold the master; caches resynchronise with a full pull.
-        return {trackable.VARIABLE_VALUE_KEY: self._master}
+        return {_compat.VARIABLE_VALUE_KEY: self._master}
 
     def __repr__(self):
         return f"<PulledVariable of {self._master!r}>"
@@ -380,7 +382,7 @@ class PulledVariable(resource_variable_ops.BaseResourceVariable):
         return self._master.__array__(dtype)
 
 
-tensor_conversion_registry.register_tensor_conversion_function(
+tf.register_tensor_conversion_function(
     PulledVariable, lambda var, dtype=None, name=None, as_ref=False:
     var._dense_var_to_tensor(dtype, name, as_ref)  # noqa: SLF001
 )

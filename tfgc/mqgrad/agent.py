@@ -7,6 +7,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfgc import _compat
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS
 
 KEEP, ADD = 0, 1
@@ -64,7 +65,7 @@ def reward(smoothed, cost_ms, reward_scale):
 
 # A plain Trackable (not a tf.Module): no automatic wrapping of the many dict and list
 # attributes, which would cost tens of microseconds per iteration.
-class MQGradAgent(tf.__internal__.tracking.Trackable):
+class MQGradAgent(_compat.Trackable):
     """The MQGrad MDP (section 3.3, Algorithm 2) and its SARSA learner.
 
     Call `observe(loss, cost_ms)` once per training iteration m = 0, 1, ... with the

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from tfgc import _compat
 from tfgc.codecs.adaptive import AdaptiveQuantize
 from tfgc.codecs.quantize import Quantize
 from tfgc.distribute import dense_nbytes
@@ -121,7 +122,7 @@ class MQGrad(tf_keras.callbacks.Callback):
             raise ValueError(
                 "Under MultiWorkerMirroredStrategy every worker runs MQGrad: pass the same "
                 "seed= on every worker so that their agents make the same choices")
-        steps_per_execution = getattr(self.model, "_steps_per_execution", None)
+        steps_per_execution = _compat.tf_keras_steps_per_execution(self.model)
         if steps_per_execution is not None and int(steps_per_execution.numpy()) != 1:
             raise ValueError("MQGrad needs one callback call per step: compile with "
                              "steps_per_execution=1")

@@ -27,7 +27,6 @@ That keeps the traced step small, which is most of what a first step costs.
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfgc.codecs import base
 from tfgc.distribute import (
@@ -98,7 +97,7 @@ class ParameterServerPull:
             bound to a worker when the function is called).
         """
         synced_handle = self.synced.handle
-        synced = gen_resource_variable_ops.read_variable_op(synced_handle, tf.bool)
+        synced = tf.raw_ops.ReadVariableOp(resource=synced_handle, dtype=tf.bool)
         state = tf.stack([worker_index(), tf.cast(synced, tf.int32)])
         with tf.device(self.device):
             message, layout, counted = self._serve(state)
@@ -113,15 +112,15 @@ class ParameterServerPull:
         deltas = _concat([self.codecs[unit[0]].decode_flat(payload, self._shapes(unit))
                           for unit, payload in zip(self._units, unpacked)])
         currents = base.concat_flat([
-            gen_resource_variable_ops.read_variable_op(caches[i], self.dtype)
+            tf.raw_ops.ReadVariableOp(resource=caches[i], dtype=self.dtype)
             for i in self._order])
         # One cond for the group, on its flat vector (each cond traces two functions).
         news = tf.cond(synced, lambda: currents + deltas,
                        lambda: from_bytes(full, self.dtype))
-        updates = [gen_resource_variable_ops.assign_variable_op(caches[i], new)
+        updates = [tf.raw_ops.AssignVariableOp(resource=caches[i], value=new)
                    for i, new in zip(self._order, self._split(news))]
         with tf.control_dependencies(updates):
-            done = gen_resource_variable_ops.assign_variable_op(synced_handle, True)
+            done = tf.raw_ops.AssignVariableOp(resource=synced_handle, value=True)
         if self._count is not None:
             self._count(counted)
         return done

@@ -1,0 +1,181 @@
+"""tfgc._compat's tf_keras hooks, probed at their first use (tf_keras is optional and
+slow to import)."""
+import collections
+import inspect
+
+from tfgc._compat._registry import _hook, _internal, _method, _module, missing
+
+# --- tf_keras (probed at first use) -----------------------------------------------------
+
+
+@_hook("tf_keras_batch_norm", "tf_keras",
+       "tf_keras.src.layers.normalization.batch_normalization.BatchNormalizationBase's "
+       "_fused_batch_norm, _assign_moving_average and _support_zero_size_input, and "
+       "tf_keras.src.utils.control_flow_util.constant_value")
+def _probe_tf_keras_batch_norm():
+    layer_class = _module(
+        "tf_keras.src.layers.normalization.batch_normalization").BatchNormalizationBase
+    for method in ("_fused_batch_norm", "_assign_moving_average", "_support_zero_size_input"):
+        _method(layer_class, method)
+    constant_value = _module("tf_keras.src.utils.control_flow_util").constant_value
+    return layer_class, constant_value
+
+
+_BN_REPLACED = "_tfgc_replaced"  # marks a method replaced here (so it is done once)
+
+
+def replace_batch_norm_updates(fused_batch_norm, assign_moving_average):
+    """Routes tf_keras batch norm's training-time statistics through tfgc (process-wide,
+    once; a no-op the second time).
+
+    After it, `BatchNormalizationBase._fused_batch_norm(layer, inputs, mask, training)`
+    calls `fused_batch_norm(keras, layer, inputs, mask, training)` and
+    `_assign_moving_average(layer, variable, value, momentum, inputs_size)` calls
+    `assign_moving_average(keras, layer, variable, value, momentum, inputs_size)`, with
+    `keras` tf_keras's own method (to call for the layers tfgc leaves alone).
+
+    Relies on `BatchNormalizationBase._fused_batch_norm` and `._assign_moving_average`
+    (tf_keras.src.layers.normalization.batch_normalization).
+    """
+    layer_class, _ = _internal("tf_keras_batch_norm")
+    for method, replacement in (("_fused_batch_norm", fused_batch_norm),
+                                ("_assign_moving_average", assign_moving_average)):
+        keras = getattr(layer_class, method)
+        if not getattr(keras, _BN_REPLACED, False):
+            setattr(layer_class, method, _routed(keras, replacement))
+
+
+def _routed(keras, replacement):
+    """A method that calls `replacement(keras, self, ...)` (tf_keras passes some of the
+    arguments by keyword)."""
+
+    def method(layer, *args, **kwargs):
+        return replacement(keras, layer, *args, **kwargs)
+
+    setattr(method, _BN_REPLACED, True)
+    return method
+
+
+def static_training(training):
+    """tf_keras's static value of a layer's `training` argument (True, False, or None
+    when it is only known when the step runs; a numpy bool for a constant tensor).
+
+    Relies on `tf_keras.src.utils.control_flow_util.constant_value`.
+    """
+    return _internal("tf_keras_batch_norm")[1](training)
+
+
+BatchNormSettings = collections.namedtuple(
+    "BatchNormSettings",
+    ["param_shape", "param_dtype", "data_format", "bessels_correction_test_only",
+     "supports_zero_size_input"])
+
+
+def batch_norm_settings(layer):
+    """What tf_keras's fused batch norm of a built `layer` uses beyond its public
+    attributes, as a `BatchNormSettings`.
+
+    Relies on the `_param_shape`, `_param_dtype`, `_data_format` and
+    `_bessels_correction_test_only` attributes of a built tf_keras
+    `BatchNormalizationBase` and on its `_support_zero_size_input()`.
+    """
+    _internal("tf_keras_batch_norm")
+    try:
+        return BatchNormSettings(
+            layer._param_shape, layer._param_dtype, layer._data_format,  # noqa: SLF001
+            layer._bessels_correction_test_only,  # noqa: SLF001
+            layer._support_zero_size_input())  # noqa: SLF001
+    except AttributeError as error:
+        raise missing("tf_keras_batch_norm", str(error)) from error
+
+
+@_hook("tf_keras_optimizer", "tf_keras",
+       "tf_keras.optimizers.Optimizer's _var_key, _build_index_dict (which sets "
+       "_index_dict) and _deduplicate_sparse_grad")
+def _probe_tf_keras_optimizer():
+    import tf_keras  # noqa: PLC0415
+
+    optimizer = tf_keras.optimizers.Optimizer
+    for method in ("_var_key", "_build_index_dict", TF_KERAS_DEDUPLICATE_SPARSE_GRAD):
+        _method(optimizer, method)
+    return optimizer
+
+
+# The name of the tf_keras optimizer method that sums a sparse gradient's repeated rows
+# (tfgc's tf_keras optimizer overrides it); `tf_keras_optimizer`'s probe checks it.
+TF_KERAS_DEDUPLICATE_SPARSE_GRAD = "_deduplicate_sparse_grad"
+
+
+def tf_keras_variable_index(optimizer, variable):
+    """`variable`'s position in a built tf_keras optimizer (the index of its slots).
+
+    Relies on `Optimizer._index_dict` and `Optimizer._var_key` (tf_keras.src.optimizers).
+
+    Raises:
+      KeyError: the optimizer is not built, or not for `variable`.
+    """
+    _internal("tf_keras_optimizer")
+    index = getattr(optimizer, "_index_dict", None)  # set by build()
+    if index is None:
+        raise KeyError(variable.name)
+    return index[optimizer._var_key(variable)]  # noqa: SLF001
+
+
+def tf_keras_num_variables(optimizer):
+    """How many variables a tf_keras optimizer was built for (0 before it is built).
+
+    Relies on `Optimizer._index_dict`.
+    """
+    _internal("tf_keras_optimizer")
+    return len(getattr(optimizer, "_index_dict", {}))
+
+
+def tf_keras_deduplicate_sparse_grad(parent, grads):
+    """`parent._deduplicate_sparse_grad(grads)`: each IndexedSlices gradient's repeated
+    rows summed. Pass `super()` from an override of `TF_KERAS_DEDUPLICATE_SPARSE_GRAD`.
+
+    Relies on `tf_keras.optimizers.Optimizer._deduplicate_sparse_grad`.
+    """
+    _internal("tf_keras_optimizer")
+    return getattr(parent, TF_KERAS_DEDUPLICATE_SPARSE_GRAD)(grads)
+
+
+@_hook("tf_keras_adam_slots", "tf_keras",
+       "the `_momentums` and `_velocities` lists of a built tf_keras.optimizers.Adam")
+def _probe_tf_keras_adam_slots():
+    import tf_keras  # noqa: PLC0415
+
+    source = inspect.getsource(tf_keras.optimizers.Adam.build)
+    if "_momentums" not in source or "_velocities" not in source:
+        raise LookupError("Adam.build makes no _momentums/_velocities")
+    return tf_keras.optimizers.Adam
+
+
+def tf_keras_adam_slots(optimizer, variable):
+    """(m, v): a built tf_keras Adam's first and second moment slots of `variable`.
+
+    Relies on Adam's `_momentums` and `_velocities`, indexed as `tf_keras_variable_index`.
+    """
+    _internal("tf_keras_adam_slots")
+    index = tf_keras_variable_index(optimizer, variable)
+    return optimizer._momentums[index], optimizer._velocities[index]  # noqa: SLF001
+
+
+@_hook("tf_keras_steps_per_execution", "tf_keras",
+       "the `_steps_per_execution` variable of a compiled tf_keras Model")
+def _probe_tf_keras_steps_per_execution():
+    import tf_keras  # noqa: PLC0415
+
+    if "_steps_per_execution" not in inspect.getsource(tf_keras.Model.compile):
+        raise LookupError("Model.compile sets no _steps_per_execution")
+    return None
+
+
+def tf_keras_steps_per_execution(model):
+    """The `steps_per_execution` a tf_keras model was compiled with, as a variable (None
+    before `compile`).
+
+    Relies on `tf_keras.Model._steps_per_execution`.
+    """
+    _internal("tf_keras_steps_per_execution")
+    return getattr(model, "_steps_per_execution", None)
