@@ -19,9 +19,6 @@ from tfgc._compat import _registry, tensorflow_hooks
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FENCE = "tfgc/_compat/"
 
-# Files that still use internals directly, until their call sites move to tfgc._compat
-# (being refactored elsewhere); empty it once they call the fence.
-UNFENCED_FOR_NOW = ("tfgc/optimizer/",)
 
 INTERNAL_MODULES = ("tensorflow.python", "keras.src", "tf_keras.src")
 
@@ -102,7 +99,7 @@ def test_internals_are_used_only_behind_the_fence():
     outside = {}
     for path in _tfgc_sources():
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith((FENCE, *UNFENCED_FOR_NOW)):
+        if relative.startswith(FENCE):
             continue
         uses = uses_of_internals(path.read_text())
         if uses:
@@ -174,7 +171,7 @@ def test_an_unbuilt_tf_keras_optimizer_knows_no_variable():
 
 
 def test_the_hooks_for_the_optimizers_read_what_keras_holds():
-    # The optimizer package is to call these (see UNFENCED_FOR_NOW): checked here first.
+    # What the optimizer package reads through the fence.
     import keras
     import tf_keras
 

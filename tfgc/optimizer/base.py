@@ -7,7 +7,7 @@ import warnings
 
 import tensorflow as tf
 
-from tfgc import codecs
+from tfgc import _compat, codecs
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
 )
@@ -55,9 +55,9 @@ class CompressingBase:
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
                                small_compression, bucket_bytes)
 
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        children = super()._trackable_children(save_type, **kwargs)
-        if str(getattr(save_type, "value", save_type)) == "savedmodel":
+    def _trackable_children(self, save_type="checkpoint", **kwargs):  # see _compat
+        children = _compat.trackable_children(super(), save_type, **kwargs)
+        if _compat.is_savedmodel_save(save_type):
             # Error-feedback residuals are per-worker buffers under ParameterServerStrategy,
             # which a SavedModel cannot hold; an exported model needs none of them.
             # Checkpoints (BackupAndRestore, tf.train.Checkpoint) keep them.

@@ -14,6 +14,8 @@ This module imports tf_keras: `tfgc.BoundedAdam` loads it on first use.
 import tensorflow as tf
 import tf_keras
 
+from tfgc import _compat
+
 
 def consistent_step_bound(beta_1, beta_2):
     """The most |m| / sqrt(v) can be when m and v start at 0 and follow Adam's updates.
@@ -61,8 +63,7 @@ class BoundedAdam(tf_keras.optimizers.Adam):
         epsilon = self.epsilon
         if self.adaptive_epsilon:
             epsilon = epsilon * tf.sqrt(1 - beta_2_power)
-        index = self._index_dict[self._var_key(variable)]
-        m, v = self._momentums[index], self._velocities[index]
+        m, v = _compat.tf_keras_adam_slots(self, variable)
         beta_1, beta_2 = self.beta_1, self.beta_2
         if isinstance(gradient, tf.IndexedSlices):
             m.assign_add(-m * (1 - beta_1))

@@ -14,19 +14,23 @@ trains there. Compressed pulls need tf_keras.
 """
 import tensorflow as tf
 
+from tfgc import _compat
 from tfgc.distribute import is_parameter_server
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
-HOOK = "_all_reduce_sum_gradients"
+HOOK = _compat.KERAS3_ALL_REDUCE_SUM_GRADIENTS
 _LOADING_NOTE = "to_load"
 _CLASSES = {}
 
 
 def keras3_distributed_class(optimizer_class):
     """The compressing subclass of a Keras 3 optimizer class (made once per class)."""
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
-
-    if not issubclass(optimizer_class, TFOptimizer) or not hasattr(TFOptimizer, HOOK):
+    try:
+        tf_optimizer = _compat.keras3_tf_optimizer()
+    except _compat.UnsupportedInternalsError as error:
+        raise NotImplementedError(
+            f"{optimizer_class.__name__}: {error}; or use tf_keras") from error
+    if not issubclass(optimizer_class, tf_optimizer):
         raise NotImplementedError(
             f"{optimizer_class.__name__} is not a Keras 3 optimizer of the TensorFlow "
             f"backend with `{HOOK}`; set KERAS_BACKEND=tensorflow and use a keras version "
@@ -44,13 +48,12 @@ def register_keras_optimizers():
     without Keras 3 or with another backend."""
     try:
         import keras  # noqa: PLC0415
-        from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
-    except ImportError:
-        return
-    if not hasattr(TFOptimizer, HOOK):
+
+        tf_optimizer = _compat.keras3_tf_optimizer()
+    except (ImportError, _compat.UnsupportedInternalsError):
         return
     for value in vars(keras.optimizers).values():
-        if (isinstance(value, type) and issubclass(value, TFOptimizer)
+        if (isinstance(value, type) and issubclass(value, tf_optimizer)
                 and value.__name__ in vars(keras.optimizers)):
             keras3_distributed_class(value)
 
@@ -82,10 +85,10 @@ class _Keras3Mixin(CompressingBase):
 
     def _variable_index(self, variable):
         try:
-            return self._get_variable_index(variable)
+            return _compat.keras3_variable_index(self, variable)
         except KeyError:
             raise self._unknown_variable(
-                variable, len(getattr(self, "_trainable_variables", []))) from None
+                variable, _compat.keras3_num_variables(self)) from None
 
     def build(self, variables):
         super().build(variables)
@@ -93,7 +96,7 @@ class _Keras3Mixin(CompressingBase):
         with tf.init_scope():
             self._build_compression([getattr(v, "value", v) for v in variables])
             if is_parameter_server(tf.distribute.get_strategy()):
-                _count_steps_atomically(self._iterations)
+                _count_steps_atomically(_compat.keras3_iterations_variable(self))
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         # Under parameter servers: one worker's own gradients, pushed compressed.

@@ -5,6 +5,7 @@ import warnings
 
 import tensorflow as tf
 
+from tfgc import _compat
 from tfgc.distribute import is_parameter_server
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
@@ -45,9 +46,9 @@ class _CompressingMixin(CompressingBase):
 
     def _variable_index(self, variable):
         try:
-            return self._index_dict[self._var_key(variable)]
-        except (KeyError, AttributeError):
-            raise self._unknown_variable(variable, len(getattr(self, "_index_dict", {}))) from None
+            return _compat.tf_keras_variable_index(self, variable)
+        except KeyError:
+            raise self._unknown_variable(variable, _compat.tf_keras_num_variables(self)) from None
 
     def build(self, var_list):
         self.enable_pulls(var_list)  # all at once: one pull group per parameter server
@@ -56,7 +57,7 @@ class _CompressingMixin(CompressingBase):
             super().build(var_list)
         self._build_compression(var_list)
 
-    def _deduplicate_sparse_grad(self, grads):
+    def _deduplicate_sparse_grad(self, grads):  # _compat.TF_KERAS_DEDUPLICATE_SPARSE_GRAD
         # tf_keras sums the rows of every sparse gradient first, on no device in
         # particular: on a worker, where a gradient decoded on a parameter server would
         # cross to the worker and back. Sum each where it was decoded.
@@ -64,7 +65,7 @@ class _CompressingMixin(CompressingBase):
         for grad in grads:
             on_decoder = isinstance(grad, tf.IndexedSlices) and grad.values.device
             with tf.device(grad.values.device) if on_decoder else contextlib.nullcontext():
-                deduplicated += super()._deduplicate_sparse_grad([grad])
+                deduplicated += _compat.tf_keras_deduplicate_sparse_grad(super(), [grad])
         return deduplicated
 
     def aggregate_gradients(self, grads_and_vars):
