@@ -211,7 +211,28 @@ def test_deployment_manifests_parse_and_name_every_role():
             if "tfgc/role" in labels:
                 roles.add(labels["tfgc/role"])
     assert {"ps", "worker", "chief"} <= roles, roles
-    assert "Service" in kinds and "StatefulSet" in kinds, kinds
+    assert {"Service", "StatefulSet", "Job", "NetworkPolicy"} <= kinds, kinds
+
+
+@pytest.mark.parametrize("hostname, task", [("tfgc-worker-1", ("worker", 1)),
+                                             ("tfgc-ps-0", ("ps", 0))])
+def test_manifest_start_script_makes_a_tf_config_tfgc_server_accepts(hostname, task, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    with open(os.path.join(REPO, "docs", "k8s", "cluster.yaml")) as f:
+        config_map = next(d for d in yaml.safe_load_all(f) if d["kind"] == "ConfigMap")
+    (tmp_path / "cluster.json").write_text(config_map["data"]["cluster.json"])
+    script = config_map["data"]["tfgc-task.sh"].replace("/etc/tfgc", str(tmp_path))
+    (tmp_path / "tfgc-task.sh").write_text(script)
+    done = subprocess.run(["sh", str(tmp_path / "tfgc-task.sh"), task[0], "printenv",
+                           "TF_CONFIG"], env=dict(os.environ, HOSTNAME=hostname),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    cluster, job, index = server.parse_tf_config(done.stdout)
+    assert (job, index) == task and len(cluster["worker"]) == 2
+    # The StatefulSets' replicas match the cluster's lists.
+    for role in ("ps", "worker"):
+        with open(os.path.join(REPO, "docs", "k8s", f"{role}.yaml")) as f:
+            assert next(yaml.safe_load_all(f))["spec"]["replicas"] == len(cluster[role])
 
 
 def _env(**extra):
