@@ -112,7 +112,7 @@ def test_command_refuses_with_exit_code_2_and_no_traceback():
             _, err = proc.communicate(timeout=120)
             assert proc.returncode == 2, err
             assert "Traceback" not in err, err
-            assert f"refusing to start: " in err and MALFORMED[name][1] in err, err
+            assert "refusing to start: " in err and MALFORMED[name][1] in err, err
     finally:
         for proc in procs.values():
             _stop(proc)

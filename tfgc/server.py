@@ -284,7 +284,7 @@ def traffic_line(traffic):
     parts = [f"{job}:{index} sent {t['sent']:,d} B, received {t['received']:,d} B"
              for (job, index), t in sorted(traffic.items())]
     return ("traffic (TCP bytes over this task's open connections, from ss): "
-            + ("; ".join(parts) or "no connections to other tasks yet"))
+            + ("; ".join(parts) or "no open connections to other tasks"))
 
 
 def _log_traffic(config, log):
