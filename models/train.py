@@ -17,12 +17,11 @@ Strategies:
   TF_CONFIG each); ``--steps`` counts synchronous steps of a global batch of
   ``--batch-size`` x ``--workers``.
 
-Real clusters (``--tf-config``): every task gets its own ``TF_CONFIG``. For ``ps``, the
-parameter servers and workers run a server that has loaded tfgc's ops::
+Real clusters (``--tf-config``; guide: docs/deployment.md): every task gets its own
+``TF_CONFIG``. For ``ps``, the parameter servers and workers run a server that has
+loaded tfgc's ops::
 
-    python -c "import json, os, tfgc, tensorflow as tf; c = json.loads(os.environ['TF_CONFIG']); \
-        tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), c['task']['type'], \
-        c['task']['index'], protocol='grpc', start=True).join()"
+    python -m tfgc.server      # or the console script tfgc-server
 
 and the chief task runs ``python -m models.train --strategy ps --tf-config ...``. For
 ``mwms`` every worker task runs ``python -m models.train --strategy mwms --tf-config ...``
@@ -174,7 +173,7 @@ def train(args):
         if resolver.task_type != "chief":
             raise ValueError("with --strategy ps --tf-config, run models.train as the chief "
                              f"task (TF_CONFIG task type is {resolver.task_type!r}); ps and "
-                             "worker tasks run tf.distribute.Server after `import tfgc`")
+                             "worker tasks run `python -m tfgc.server`")
         spec = resolver.cluster_spec().as_dict()
         summary.update(workers=len(spec.get("worker", [])), ps=len(spec.get("ps", [])))
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)

@@ -1,9 +1,9 @@
 """One task of a local TensorFlow cluster: `python -m tfgc._server ...`.
 
-Started by `tfgc.cluster.LocalCluster`, one process per ps/worker task. It imports
-tfgc before creating its `tf.distribute.Server`, so tfgc's ops (e.g. the decode ops
-that run on a parameter server) are registered in the server process, and then
-serves until it is terminated.
+Started by `tfgc.cluster.LocalCluster`, one process per ps/worker task. It serves as
+`python -m tfgc.server` does (`tfgc.server.serve`: tfgc's ops are registered and
+checked in the server process, e.g. for the decode ops that run on a parameter
+server, then it serves until SIGTERM or SIGINT, exiting 0), plus a watchdog.
 
 A watchdog thread ends the process by itself after `--timeout` seconds or as soon as
 the process that started it is gone, so no server outlives a crashed test or demo.
@@ -63,25 +63,18 @@ def main(argv=None):
     ).start()
 
     cluster = json.loads(args.cluster_spec)
-    address = cluster[args.job][args.index]
-    _log(f"starting /job:{args.job}/task:{args.index} on {address}")
+    _log(f"starting /job:{args.job}/task:{args.index} on {cluster[args.job][args.index]}")
+    # The same start as `python -m tfgc.server` (tfgc's ops checked, then the server;
+    # exit 0 on SIGTERM), without its security warning: LocalCluster already checked
+    # where its servers listen (`isolation.check_network`).
+    from tfgc import server
 
-    # Import order matters: the op library must be loaded before the server runs
-    # any function that uses tfgc ops (TF resolves op kernels in this process).
-    import tensorflow as tf
-
-    import tfgc  # noqa: F401  (registers tfgc's ops in this server)
-
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster),
-        job_name=args.job,
-        task_index=args.index,
-        protocol="grpc",
-        start=True,
-    )
-    _log(f"serving {server.target} (tfgc {tfgc.__version__}, TensorFlow {tf.__version__})")
-    server.join()
-    return 0
+    try:
+        server.validate(cluster, args.job, args.index)
+    except server.ConfigError as error:
+        _log(f"refusing to start: {error}")
+        return server.EXIT_BAD_CONFIG
+    server.serve(cluster, args.job, args.index, log=_log, warn_if_exposed=False)
 
 
 if __name__ == "__main__":

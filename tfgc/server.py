@@ -1,0 +1,418 @@
+"""One parameter-server or worker task of a real cluster: `python -m tfgc.server`.
+
+Also installed as the console script `tfgc-server`. Run it on every ps and worker
+machine of a ParameterServerStrategy cluster; the chief runs the training script
+(e.g. `python -m models.train --strategy ps --tf-config ...`). The task comes from
+`TF_CONFIG`, or from flags that override it:
+
+    TF_CONFIG='{"cluster": {"chief": ["10.0.0.1:2222"], "ps": ["10.0.0.2:2222"],
+                "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]},
+                "task": {"type": "ps", "index": 0}}' python -m tfgc.server
+    tfgc-server --cluster-spec '{"ps": [...], "worker": [...]}' --job worker --index 1
+
+It imports tfgc, so tfgc's ops (the decode ops a parameter server runs) are registered
+in the server, and runs one of them before serving to prove the op library loads. It
+then starts a `tf.distribute.Server`, logs one line (task, address, pid, tfgc and
+TensorFlow versions) and serves until SIGTERM or SIGINT, on which it exits with code 0.
+With `--traffic-every SECONDS` it also logs the TCP bytes it exchanged with every
+other task (`tfgc.cluster.task_traffic`, read from `ss`), e.g. worker-to-ps bytes,
+which no process but the worker and the ps can read on a real cluster.
+
+Exit codes: 0 stopped by SIGTERM/SIGINT; 1 it could not start (the op library does not
+load, the port cannot be bound); 2 the configuration is wrong: it starts nothing and
+prints one line that says what is wrong (malformed TF_CONFIG, a task that is not in
+the cluster, an address that is not host:port, a chief or evaluator task, ...).
+
+Security: TensorFlow's gRPC server listens on every interface of the machine (it
+binds the wildcard address whatever host the cluster spec names) and has no
+authentication: whoever reaches the port can run any TensorFlow op in this process.
+Unless the process is in a private network namespace (loopback only), it prints a
+loud warning with the firewall rule to apply. See docs/deployment.md.
+"""
+import argparse
+import ipaddress
+import json
+import os
+import re
+import signal
+import shutil
+import sys
+import threading
+import time
+
+EXIT_STOPPED = 0
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+
+# Jobs whose tasks are plain servers under ParameterServerStrategy.
+SERVED_JOBS = ("ps", "worker")
+# Why the other usual task types must not be served by this program.
+_NOT_SERVED = {
+    "chief": (
+        "the chief is the coordinator and runs the training script (e.g. `python -m "
+        "models.train --strategy ps --tf-config ...`), whose ParameterServerStrategy "
+        "starts the chief's server in that process; run tfgc-server only for ps and "
+        "worker tasks"
+    ),
+    "evaluator": (
+        "an evaluator runs an evaluation script beside the cluster and serves nothing "
+        "(it is not part of the cluster spec); run tfgc-server only for ps and worker "
+        "tasks"
+    ),
+}
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
+_HOSTNAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+
+
+class ConfigError(ValueError):
+    """The task cannot be served as configured; the message says what is wrong."""
+
+
+def _log(message):
+    print(f"[tfgc.server pid={os.getpid()}] {message}", file=sys.stderr, flush=True)
+
+
+def split_address(address, where):
+    """Splits a cluster address 'host:port' (IPv6 as '[::1]:port').
+
+    Args:
+      address: the address as the cluster spec gives it.
+      where: the task it belongs to, for the message ("/job:ps/task:0").
+
+    Returns:
+      (host, port).
+
+    Raises:
+      ConfigError: not a string of the form host:port with a port in 1..65535 and a
+        host that peers can dial (a name or an IP address, not 0.0.0.0 or ::).
+    """
+    def bad(why):
+        return ConfigError(f"{where} has address {address!r}, which is not host:port ({why})")
+
+    if not isinstance(address, str):
+        raise bad("not a string")
+    if "://" in address:
+        raise bad("drop the scheme: TF_CONFIG addresses are plain host:port")
+    if address.startswith("["):  # [IPv6]:port
+        host, sep, port = address[1:].partition("]:")
+        if not sep:
+            raise bad("an IPv6 host is written [addr]:port")
+    else:
+        host, sep, port = address.rpartition(":")
+        if not sep:
+            raise bad("no port")
+        if ":" in host:
+            raise bad("an IPv6 host is written [addr]:port")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise bad(f"port {port!r} is not a number in 1..65535")
+    if not host:
+        raise bad("no host")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOSTNAME.match(host):
+            raise bad(f"{host!r} is neither an IP address nor a host name") from None
+    else:
+        if ip.is_unspecified:
+            raise bad(f"{host} is not an address peers can dial; give this machine's "
+                      "address on the cluster's private network")
+    return host, int(port)
+
+
+def validate(cluster, job, index):
+    """Checks that task `job:index` of `cluster` is one tfgc-server can serve.
+
+    Args:
+      cluster: {job name: [address, ...]} as in TF_CONFIG's "cluster".
+      job: the task's type ("ps" or "worker").
+      index: the task's index in its job.
+
+    Returns:
+      The task's address.
+
+    Raises:
+      ConfigError: the message says what is wrong.
+    """
+    if not isinstance(cluster, dict) or not cluster:
+        raise ConfigError(f"the cluster must be a non-empty object {{job: [host:port, ...]}}, "
+                          f"got {cluster!r}")
+    for name, addresses in cluster.items():
+        if not isinstance(addresses, list) or not addresses:
+            raise ConfigError(f"job {name!r} of the cluster must be a non-empty list of "
+                              f"host:port addresses, got {addresses!r}")
+    seen = {}
+    for name, addresses in cluster.items():
+        for i, address in enumerate(addresses):
+            where = f"/job:{name}/task:{i}"
+            split_address(address, where)
+            if address in seen:
+                raise ConfigError(f"{where} and {seen[address]} have the same address "
+                                  f"{address}; every task needs its own host:port")
+            seen[address] = where
+    if not isinstance(job, str) or not job:
+        raise ConfigError(f"the task type must be a job name such as \"ps\", got {job!r}")
+    if job in _NOT_SERVED:
+        raise ConfigError(f"the task type is {job!r}; {_NOT_SERVED[job]}")
+    if job not in cluster:
+        raise ConfigError(f"the task type {job!r} is not a job of the cluster "
+                          f"(jobs: {', '.join(sorted(cluster))})")
+    if job not in SERVED_JOBS:
+        raise ConfigError(f"the task type is {job!r}; tfgc-server serves the tasks of a "
+                          "ParameterServerStrategy cluster, whose jobs are ps and worker "
+                          "(and the chief, which runs the training script)")
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"the task index must be an integer, got {index!r}")
+    if not 0 <= index < len(cluster[job]):
+        raise ConfigError(f"the task index {index} is out of range: job {job!r} has "
+                          f"{len(cluster[job])} task(s), so the index is 0.."
+                          f"{len(cluster[job]) - 1}")
+    if "ps" not in cluster:
+        raise ConfigError(
+            "the cluster has no ps job: that is an all-reduce cluster "
+            "(MultiWorkerMirroredStrategy), where every worker runs the training script "
+            "itself (e.g. `python -m models.train --strategy mwms --tf-config ...`) and "
+            "hosts its own server; tfgc-server is for ParameterServerStrategy clusters")
+    return cluster[job][index]
+
+
+def parse_tf_config(text):
+    """Reads the task to serve from the text of `TF_CONFIG`.
+
+    Returns:
+      (cluster, job, index), validated.
+
+    Raises:
+      ConfigError: the message says what is wrong.
+    """
+    if text is None or not text.strip():
+        raise ConfigError("TF_CONFIG is not set (or empty), and --cluster-spec/--job/--index "
+                          "were not given: nothing says which task to serve")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"TF_CONFIG must be a JSON object with \"cluster\" and \"task\", "
+                          f"got {type(config).__name__}")
+    if "cluster" not in config:
+        raise ConfigError("TF_CONFIG has no \"cluster\" (the address of every task, "
+                          "{\"ps\": [\"host:port\", ...], \"worker\": [...], ...})")
+    if "task" not in config:
+        raise ConfigError("TF_CONFIG has no \"task\" ({\"type\": \"ps\" or \"worker\", "
+                          "\"index\": N}: which task of the cluster this one is)")
+    task = config["task"]
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ConfigError(f"TF_CONFIG's \"task\" must be {{\"type\": ..., \"index\": ...}}, "
+                          f"got {task!r}")
+    rpc_layer = config.get("rpc_layer", "grpc")
+    if rpc_layer != "grpc":
+        raise ConfigError(f"TF_CONFIG's rpc_layer is {rpc_layer!r}; only \"grpc\" is supported")
+    validate(config["cluster"], task["type"], task["index"])
+    return config["cluster"], task["type"], task["index"]
+
+
+def parse_flags(cluster_spec, job, index):
+    """Reads the task to serve from --cluster-spec/--job/--index; as `parse_tf_config`."""
+    try:
+        cluster = json.loads(cluster_spec)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--cluster-spec is not valid JSON ({error})") from None
+    validate(cluster, job, index)
+    return cluster, job, index
+
+
+def exposure_warning(cluster, job, index):
+    """The warning printed when the server's port may be reachable from other hosts."""
+    _, port = split_address(cluster[job][index], f"/job:{job}/task:{index}")
+    peers = sorted({split_address(a, "")[0]
+                    for name, addresses in cluster.items() for i, a in enumerate(addresses)
+                    if (name, i) != (job, index)})
+    return (
+        f"tfgc-server: SECURITY: /job:{job}/task:{index} listens on TCP port {port} of "
+        "EVERY network interface of this machine (TensorFlow's gRPC server binds the "
+        "wildcard address, whatever host the cluster spec names), with no "
+        "authentication and no encryption. Anyone who can reach this port can run "
+        "arbitrary TensorFlow ops in this process, reading and writing any file it may.\n"
+        "Keep every task on a private network (a VPC subnet, VLAN or VPN that only the "
+        "cluster's machines reach), never give a task a public address, and let a host "
+        f"firewall accept port {port} only from the cluster's other tasks: "
+        f"{', '.join(peers) or '(none)'}; e.g. with nftables:\n"
+        f"    nft add rule inet filter input tcp dport {port} ip saddr "
+        f"{{ {', '.join(peers) or 'PEER'} }} accept\n"
+        f"    nft add rule inet filter input tcp dport {port} drop\n"
+        "(host names must be given as addresses there). See docs/deployment.md, "
+        "\"Security\"."
+    )
+
+
+def _warn_if_exposed(cluster, job, index):
+    from tfgc.cluster import isolation
+
+    if isolation.in_private_network():
+        return False
+    isolation._banner(exposure_warning(cluster, job, index))
+    return True
+
+
+def _check_ops():
+    """Runs one tfgc op here, so a server whose op library did not load never serves.
+
+    Returns:
+      The path of the op library.
+
+    Raises:
+      RuntimeError: the op did not run or gave a wrong result.
+    """
+    import tensorflow as tf
+
+    import tfgc_ops
+
+    try:
+        # A run of three 121 bytes is zero-run encoded as the single byte 244.
+        encoded = tfgc_ops.zero_run_encode(tf.constant([121, 121, 121], tf.uint8)).numpy()
+    except Exception as error:  # any failure means the ops are unusable here
+        raise RuntimeError(f"tfgc's op library does not work in this process: "
+                           f"{type(error).__name__}: {error}") from None
+    if encoded.tolist() != [244]:
+        raise RuntimeError(f"tfgc's op library gave a wrong result ({encoded.tolist()} "
+                           "instead of [244]); rebuild it against this TensorFlow")
+    return tfgc_ops.library_path
+
+
+def traffic_line(traffic):
+    """One log line from `tfgc.cluster.task_traffic()`'s result."""
+    parts = [f"{job}:{index} sent {t['sent']:,d} B, received {t['received']:,d} B"
+             for (job, index), t in sorted(traffic.items())]
+    return ("traffic (TCP bytes over this task's open connections, from ss): "
+            + ("; ".join(parts) or "no open connections to other tasks"))
+
+
+def _log_traffic(config, log):
+    from tfgc.cluster import ClusterError, task_traffic
+
+    try:
+        log(traffic_line(task_traffic(config)))
+    except ClusterError as error:  # one unreadable listing must not stop the server
+        log(f"traffic not read: {error}")
+
+
+def serve(cluster, job, index, log=_log, warn_if_exposed=True, traffic_every_s=None):
+    """Serves task `job:index` of `cluster` until SIGTERM or SIGINT; never returns.
+
+    The caller validated the task (`validate`). Signals are handled from the moment
+    this is called, so a SIGTERM while TensorFlow starts the server also exits 0.
+
+    Args:
+      cluster: {job: [address, ...]}.
+      job, index: the task to serve.
+      log: prints one line of the server's log.
+      warn_if_exposed: print the security warning outside a private network
+        namespace (LocalCluster's servers leave it to their launcher).
+      traffic_every_s: if set, log the bytes exchanged with every other task
+        (`tfgc.cluster.task_traffic`) every that many seconds, and once more on exit.
+
+    Exits the process: 0 on SIGTERM/SIGINT, 1 if the ops or the server do not start.
+    """
+    stop = threading.Event()
+    received = []
+
+    def on_signal(signum, frame):
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+
+    where = f"/job:{job}/task:{index}"
+    import tensorflow as tf
+
+    import tfgc
+
+    try:
+        library = _check_ops()
+    except RuntimeError as error:
+        log(f"not serving {where}: {error}")
+        _exit(EXIT_FAILED)
+    if warn_if_exposed:
+        _warn_if_exposed(cluster, job, index)
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job,
+                                      task_index=index, protocol="grpc", start=True)
+    except tf.errors.OpError as error:
+        # The text keeps TensorFlow's words ("Could not start gRPC server"), which
+        # LocalCluster reads to retry on fresh ports.
+        log(f"not serving {where}: could not start its server on {cluster[job][index]}: "
+            f"{error.message}")
+        _exit(EXIT_FAILED)
+    log(f"serving {where} at {cluster[job][index]} ({server.target}; tfgc "
+        f"{tfgc.__version__}, TensorFlow {tf.__version__}, ops {library})")
+    config = {"cluster": cluster, "task": {"type": job, "index": index}}
+    wait_s = 1.0 if traffic_every_s is None else min(1.0, traffic_every_s)
+    next_traffic = None if traffic_every_s is None else time.monotonic() + traffic_every_s
+    # The main thread waits on an event rather than in Server.join(): join() blocks in
+    # C++, where Python signal handlers never run.
+    while not stop.wait(timeout=wait_s):
+        if next_traffic is not None and time.monotonic() >= next_traffic:
+            _log_traffic(config, log)
+            next_traffic = time.monotonic() + traffic_every_s
+    log(f"{received[0]} received; stopping {where}")
+    if traffic_every_s is not None:
+        _log_traffic(config, log)  # the totals up to the end
+    _exit(EXIT_STOPPED)
+
+
+def _exit(code):
+    """Ends the process at once: TensorFlow cannot shut a gRPC server down cleanly
+    (Server has no stop), and interpreter teardown with its threads running can hang."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv=None, environ=None):
+    """The command line; returns the exit code when it refuses to start.
+
+    Args:
+      argv: arguments (default: sys.argv[1:]).
+      environ: the environment to read TF_CONFIG from (default: os.environ).
+    """
+    parser = argparse.ArgumentParser(
+        prog="tfgc-server",
+        description="Serve one ps or worker task of a ParameterServerStrategy cluster, "
+                    "with tfgc's ops loaded. The task comes from TF_CONFIG, or from "
+                    "--cluster-spec, --job and --index (all three), which override it.",
+        epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start, 2 bad "
+               "configuration. See docs/deployment.md.")
+    parser.add_argument("--cluster-spec", metavar="JSON",
+                        help='the cluster, {"ps": ["host:port", ...], "worker": [...], ...}')
+    parser.add_argument("--job", metavar="NAME", help="this task's job: ps or worker")
+    parser.add_argument("--index", metavar="I", type=int, help="this task's index in its job")
+    parser.add_argument("--traffic-every", metavar="SECONDS", type=float,
+                        help="log the TCP bytes exchanged with each other task (read from "
+                             "`ss`, iproute2) every SECONDS, and once more on exit")
+    args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    flags = (args.cluster_spec, args.job, args.index)
+    try:
+        if all(f is None for f in flags):
+            cluster, job, index = parse_tf_config(environ.get("TF_CONFIG"))
+        elif any(f is None for f in flags):
+            raise ConfigError("--cluster-spec, --job and --index go together: give all "
+                              "three, or none and TF_CONFIG")
+        else:
+            cluster, job, index = parse_flags(*flags)
+        if args.traffic_every is not None:
+            if not args.traffic_every > 0:
+                raise ConfigError("--traffic-every must be a number of seconds > 0, got "
+                                  f"{args.traffic_every}")
+            if shutil.which("ss") is None:
+                raise ConfigError("--traffic-every reads socket counters with `ss`, which is "
+                                  "not installed (it comes with iproute2)")
+    except ConfigError as error:
+        print(f"tfgc-server: refusing to start: {error}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+    serve(cluster, job, index, traffic_every_s=args.traffic_every)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
