@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
-from tfgc.codecs import base
+from tfgc.codecs import base, validation
 
 C = tfgc.codecs
 
@@ -80,7 +80,7 @@ def test_the_bound_is_overridable_and_an_expected_shape_replaces_it(monkeypatch)
     x = gradient()
     codec = C.ThreeLC(1.0)
     payload = codec.encode(x)
-    monkeypatch.setattr(base, "MAX_DECODED_ELEMENTS", 1000)
+    monkeypatch.setattr(validation, "MAX_DECODED_ELEMENTS", 1000)
     with pytest.raises(ValueError, match=r"\[30, 100\] \(3000 elements\).*=1000"):
         codec.decode(payload)
     # The caller's shape is the bound: the decoding is what the caller allocates anyway.
