@@ -1,5 +1,6 @@
 """Traffic telemetry: bytes on the wire per step, as Keras logs and CSV."""
 import csv
+from typing import Any, Optional
 
 import tf_keras
 
@@ -43,7 +44,8 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         (step, variable, direction, bytes, dense_bytes) is appended to this file.
     """
 
-    def __init__(self, optimizer=None, csv_path=None, per_variable_csv_path=None):
+    def __init__(self, optimizer: Any = None, csv_path: Optional[str] = None,
+                 per_variable_csv_path: Optional[str] = None):
         super().__init__()
         # Lets tf_keras run the batch hooks under ParameterServerStrategy; logs stay
         # tensors (or remote values), and this callback reads none of them.

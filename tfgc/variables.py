@@ -36,6 +36,7 @@ import contextlib
 import threading
 import warnings
 import weakref
+from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -75,7 +76,8 @@ def _start_pulls():
         pullers[0].enable_pulls(waiting)
 
 
-def get_variable(name, shape, dtype=tf.float32, initializer="glorot_uniform", trainable=True):
+def get_variable(name: str, shape: Sequence[int], dtype: tf.DType = tf.float32,
+                 initializer: Any = "glorot_uniform", trainable: bool = True) -> tf.Variable:
     """Creates a model variable whose pulls from its parameter server can be compressed.
 
     Same arguments as `Layer.add_weight`. Call it inside `strategy.scope()`: the master
@@ -107,7 +109,8 @@ def get_variable(name, shape, dtype=tf.float32, initializer="glorot_uniform", tr
 
 
 @contextlib.contextmanager
-def compressed_pulls(min_elements=0, batch_norm_on_server=True):
+def compressed_pulls(min_elements: int = 0,
+                     batch_norm_on_server: bool = True) -> Iterator[None]:
     """Creates the trainable variables made in this scope as `PulledVariable`s.
 
     Enter it inside `strategy.scope()` around model construction:

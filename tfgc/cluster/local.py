@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Mapping, Optional
 
 from tfgc.cluster import isolation
 from tfgc.cluster.netem import EmulatedNetwork, parse_rate
@@ -65,15 +66,15 @@ class LocalCluster(WorkerScripts, SocketCounters):
 
     def __init__(
         self,
-        num_ps=1,
-        num_workers=2,
-        timeout_s=600,
-        env=None,
-        log_dir=None,
-        start_timeout_s=60,
-        start_attempts=3,
-        bandwidth=None,
-        network=isolation.PRIVATE,
+        num_ps: int = 1,
+        num_workers: int = 2,
+        timeout_s: float = 600,
+        env: Optional[Mapping[str, Optional[str]]] = None,
+        log_dir: Optional[str] = None,
+        start_timeout_s: float = 60,
+        start_attempts: int = 3,
+        bandwidth: Optional[str] = None,
+        network: str = isolation.PRIVATE,
     ):
         if num_ps < 0 or num_workers < 1:
             raise ValueError(

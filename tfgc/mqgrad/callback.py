@@ -1,6 +1,7 @@
 """The MQGrad tf_keras callback: feeds an `MQGradAgent` the losses and times of
 `model.fit` and writes its bits into a `Quantize` codec."""
 import time
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -69,8 +70,9 @@ class MQGrad(tf_keras.callbacks.Callback):
       steps: the agent's `last_step` dict of every MDP step, with the seconds it took.
     """
 
-    def __init__(self, codec_or_optimizer=None, T=5, time_model=None, loss_key="loss",
-                 agent=None, **agent_kwargs):
+    def __init__(self, codec_or_optimizer: Any = None, T: int = 5,  # noqa: N803 (the paper's T)
+                 time_model: Any = None, loss_key: str = "loss", agent: Any = None,
+                 **agent_kwargs: Any):
         super().__init__()
         # Batch hooks under ParameterServerStrategy must take the logs as they come
         # (RemoteValues); `_number` fetches what it reads.

@@ -24,6 +24,7 @@ compressed by the main codec: they travel in the fused message encoded by
 all-reduced as they are under all-reduce strategies.
 """
 import warnings
+from typing import Any, Optional, Union
 
 from tfgc.codecs.base import Codec
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS
@@ -44,14 +45,14 @@ __all__ = [
 
 
 def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Horovod's)
-    optimizer,
-    compression,
-    pull_compression=None,
-    min_elements=DEFAULT_MIN_ELEMENTS,
-    error_feedback=True,
-    small_compression=DEFAULT_SMALL_COMPRESSION,
-    bucket_bytes=DEFAULT_BUCKET_BYTES,
-):
+    optimizer: Any,
+    compression: Codec,
+    pull_compression: Optional[Codec] = None,
+    min_elements: int = DEFAULT_MIN_ELEMENTS,
+    error_feedback: bool = True,
+    small_compression: Union[str, Codec, None] = DEFAULT_SMALL_COMPRESSION,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> Any:
     """Returns a copy of `optimizer` that compresses the gradients it applies.
 
     The result is an instance of a subclass of `optimizer`'s class, built from its
