@@ -68,6 +68,7 @@ def _fresh_python(source):
                           text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_subpackages_are_attributes_of_tfgc():
     done = _fresh_python("""
         import tfgc

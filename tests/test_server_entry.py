@@ -97,6 +97,7 @@ def test_valid_configurations_are_accepted():
     assert server.parse_flags(json.dumps(CLUSTER), "worker", 1) == (CLUSTER, "worker", 1)
 
 
+@pytest.mark.slow
 def test_command_refuses_with_exit_code_2_and_no_traceback():
     # The real entry point, as a process: a few cases at once (each pays for importing
     # TensorFlow, which `python -m tfgc.server` does before main() runs).
