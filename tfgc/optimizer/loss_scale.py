@@ -9,9 +9,10 @@ whatever the scale does) and a skipped step never reaches the wire or the residu
 tf_keras's wrapper sums the replicas' gradients itself, with the inner optimizer's
 `aggregate_gradients`, before it decides whether to apply them, and then calls the
 inner `apply_gradients(..., skip_gradients_aggregation=True)`. tfgc's tf_keras
-optimizer answers that call with `defer_aggregation`: the gradients stay per replica
-(the compressed wire sums them when they are applied), and the replicas agree on
-whether the step is finite, which the sum used to make them do.
+optimizer answers the first call with `agree_on_finiteness`: the gradients stay per
+replica (its compressed wire sums them when they are applied), and the replicas agree
+on whether the step is finite, which the sum used to make them do. Keras 3's wrapper
+calls the inner optimizer's `apply`, whose replica sum tfgc replaces anyway.
 """
 import tensorflow as tf
 
