@@ -5,11 +5,11 @@
 STRATEGY is "none", "mirrored" or "mwms" (two replicas on two logical CPUs of this
 process; collectives as between workers), or "ps" (a LocalCluster of one parameter
 server and two workers: `fit`, the tutorial's custom loop with `ClusterCoordinator`,
-and Keras 3's `tfgc.fit_on_parameter_servers`; bytes read from the sockets). Every cell trains a small model for two
-epochs of two steps with `fit`, with `tfgc.callbacks.TrafficLogger`, TensorBoard and a
-`ModelCheckpoint` (tf_keras also `BackupAndRestore`), and
-reports, as one JSON line, either what the counters saw and what the callbacks wrote,
-or the error the cell raised. test_support_matrix.py says what each cell must do.
+and Keras 3's `tfgc.fit_on_parameter_servers`; bytes read from the sockets). Every
+single-process cell trains a small model for two epochs of two steps with `fit`, with
+`tfgc.callbacks.TrafficLogger`, TensorBoard, `ModelCheckpoint` and `CSVLogger` (tf_keras
+also `BackupAndRestore`), and reports, as one JSON line, either what the counters saw
+and what the callbacks wrote, or the error the cell raised. test_support_matrix.py says what each cell must do.
 """
 import contextlib
 import json
@@ -69,8 +69,11 @@ def run_cell(strategy, flavour, policy, optimizer_name, out_dir):
         model.compile(_optimizer(K, optimizer_name), "mse")
     checkpoints = os.path.join(out_dir, "checkpoints")
     logs = os.path.join(out_dir, "tensorboard")
+    csv_path = os.path.join(out_dir, "log.csv")
+    os.makedirs(out_dir, exist_ok=True)
     callbacks = [tfgc.callbacks.TrafficLogger(), K.callbacks.TensorBoard(logs),
-                 K.callbacks.ModelCheckpoint(os.path.join(checkpoints, "model.keras"))]
+                 K.callbacks.ModelCheckpoint(os.path.join(checkpoints, "model.keras")),
+                 K.callbacks.CSVLogger(csv_path)]
     if flavour == "tf_keras":  # it removes its backup when training ends well
         callbacks.append(K.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
     with warnings.catch_warnings(record=True) as caught:
@@ -84,6 +87,7 @@ def run_cell(strategy, flavour, policy, optimizer_name, out_dir):
         "traffic": traffic,
         "history_keys": sorted(history.history),
         "loss": history.history["loss"],
+        "csv_header": open(csv_path).readline().strip().split(","),
         "tensorboard_files": sum(len(files) for _, _, files in os.walk(logs)),
         "checkpoint_files": sum(len(files) for _, _, files in os.walk(checkpoints)),
         "tfgc_warnings": [str(w.message)[:300] for w in caught if "tfgc" in str(w.message)],

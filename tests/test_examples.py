@@ -71,7 +71,7 @@ def numbers(line):
 def test_parameter_server_custom_loop():
     short = ["--num-epochs", "2", "--steps-per-epoch", "5", "--num-workers", "2"]
     script = os.path.join(EXAMPLES, "parameter_server_custom_loop.py")
-    compressed, fp32 = run([script, *short]), run([script, *short, "--fp32"])
+    compressed = run([script, *short])
     epochs = [line for line in compressed.splitlines() if line.startswith("Finished epoch")]
     final = next(line for line in compressed.splitlines() if line.startswith("Final loss"))
     # The tutorial's RMSprop at 0.1 swings by orders of magnitude from step to step
@@ -82,13 +82,11 @@ def test_parameter_server_custom_loop():
     assert len(epochs) == 2 and best < math.log(2), (epochs, final)
     summary = next(line for line in compressed.splitlines() if line.startswith("steps "))
     steps, on_sockets, pushed, dense_push = numbers(summary)
-    fp32_summary = next(line for line in fp32.splitlines() if line.startswith("steps "))
-    fp32_steps, fp32_on_sockets = numbers(fp32_summary)
-    assert steps == fp32_steps == 11 and "counted" not in fp32_summary
+    assert steps == 11
     # The fused messages cross the sockets with TensorFlow's own requests on top, and
-    # the sockets carry far less than the tutorial's uncompressed steps did.
-    assert 0 < pushed < dense_push / 10 and pushed <= on_sockets < fp32_on_sockets / 5, (
-        summary, fp32_summary)
+    # the sockets carry far less than the dense gradients, which the tutorial's
+    # uncompressed steps push at least (its --fp32 run: 5.9 MB against 0.41-0.44 MB).
+    assert 0 < pushed < dense_push / 10 and pushed <= on_sockets < dense_push / 5, summary
     # Beyond the cluster (4 lines): import tfgc, the optimizer (2), its byte counts.
     assert len(marked_code_lines("parameter_server_custom_loop.py")) <= 8
 

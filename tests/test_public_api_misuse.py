@@ -79,29 +79,28 @@ def test_subpackages_are_attributes_of_tfgc():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flavour", ["tf_keras", "keras"])
-def test_loading_a_saved_model_in_a_process_without_tfgc(tmp_path, flavour):
-    path = tmp_path / "model.keras"
+def test_loading_a_saved_model_in_a_process_without_tfgc(tmp_path):
+    paths = {flavour: tmp_path / f"{flavour}.keras" for flavour in ("tf_keras", "keras")}
     saved = _fresh_python(f"""
-        import numpy as np, {flavour} as K, tfgc
-        layers = [K.Input((8,))] if "{flavour}" == "keras" else []
-        model = K.Sequential(layers + [K.layers.Dense(4, input_shape=(8,))])
-        model.compile(tfgc.DistributedOptimizer(K.optimizers.SGD(0.1), tfgc.codecs.ThreeLC(1.0)),
-                      "mse")
-        model.fit(np.ones((8, 8)), np.ones((8, 4)), verbose=0)
-        model.save("{path}")
+        import numpy as np, tf_keras, keras, tfgc
+        for K, path, layers in ((tf_keras, "{paths['tf_keras']}", []),
+                                (keras, "{paths['keras']}", [keras.Input((8,))])):
+            model = K.Sequential(layers + [K.layers.Dense(4, input_shape=(8,))])
+            model.compile(tfgc.DistributedOptimizer(K.optimizers.SGD(0.1),
+                                                    tfgc.codecs.ThreeLC(1.0)), "mse")
+            model.fit(np.ones((8, 8)), np.ones((8, 4)), verbose=0)
+            model.save(path)
     """)
     assert saved.returncode == 0, saved.stderr[-2000:]
-    loaded = _fresh_python(f"""
+    # One fresh process per Keras: each must not have imported tfgc.
+    loaded = {flavour: _fresh_python(f"""
         import {flavour} as K
         model = K.models.load_model("{path}")
         print("LOADED", type(model.optimizer).__name__)
-    """)
-    if flavour == "tf_keras":
-        # The first call succeeds: tf_keras imports the class's module (and so tfgc).
-        assert loaded.returncode == 0, loaded.stderr[-2000:]
-        assert "LOADED DistributedSGD" in loaded.stdout
-    else:
-        # Keras 3 imports no module outside Keras: its error shows what to do.
-        assert loaded.returncode != 0
-        assert "import tfgc before keras.saving.load_model" in loaded.stderr
+    """) for flavour, path in paths.items()}
+    # tf_keras's first call succeeds: it imports the class's module (and so tfgc).
+    assert loaded["tf_keras"].returncode == 0, loaded["tf_keras"].stderr[-2000:]
+    assert "LOADED DistributedSGD" in loaded["tf_keras"].stdout
+    # Keras 3 imports no module outside Keras: its error shows what to do.
+    assert loaded["keras"].returncode != 0
+    assert "import tfgc before keras.saving.load_model" in loaded["keras"].stderr

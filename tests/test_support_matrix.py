@@ -5,8 +5,8 @@ Cells are run by tests/support_matrix.py, one process per strategy (under parame
 servers a 262k-parameter model, elsewhere 33k). A cell that trains
 must have compressed (the counters, which only the wire that carried a step updates,
 show >= 10x fewer bytes than the dense gradients), reported its traffic through
-`TrafficLogger` into `fit`'s history, and let TensorBoard and the checkpoint callbacks
-write their files. Under parameter servers the bytes are read from the sockets; the
+`TrafficLogger` into `fit`'s history and CSVLogger's file, and let TensorBoard and the
+checkpoint callbacks write their files. Under parameter servers the bytes are read from the sockets; the
 multi-process all-reduce sockets are checked in test_mwms.py.
 """
 import json
@@ -64,6 +64,7 @@ def test_every_single_process_cell_trains_compressed(tmp_path, strategy):
     for name, cell in cells.items():
         check_trained(name, cell)
         assert cell["tensorboard_files"] >= 1 and cell["checkpoint_files"] >= 1, (name, cell)
+        assert TRAFFIC_KEYS <= set(cell["csv_header"]), (name, cell["csv_header"])
         assert not cell["tfgc_warnings"], (name, cell["tfgc_warnings"])
         mixed16 = "/mixed_float16/" in name
         assert ("LossScale" in cell["outer"]) == mixed16, (name, cell["outer"])
