@@ -61,11 +61,29 @@ def test_a_gradient_for_an_integer_variable_names_the_variable():
         optimizer.apply_gradients([(tf.ones([64, 32]), weights), (tf.constant(1), counter)])
 
 
-def _fresh_python(source):
+def _fresh_pythons(sources):
+    """Runs each source in a fresh Python process, all at once; returns their
+    CompletedProcess-like results (returncode, stdout, stderr) in order."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(source)], capture_output=True,
-                          text=True, timeout=300, env=env)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for source in sources]
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=300)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def _fresh_python(source):
+    return _fresh_pythons([source])[0]
 
 
 @pytest.mark.slow
@@ -92,12 +110,12 @@ def test_loading_a_saved_model_in_a_process_without_tfgc(tmp_path):
             model.save(path)
     """)
     assert saved.returncode == 0, saved.stderr[-2000:]
-    # One fresh process per Keras: each must not have imported tfgc.
-    loaded = {flavour: _fresh_python(f"""
+    # One fresh process per Keras (each must not have imported tfgc), side by side.
+    loaded = dict(zip(paths, _fresh_pythons([f"""
         import {flavour} as K
         model = K.models.load_model("{path}")
         print("LOADED", type(model.optimizer).__name__)
-    """) for flavour, path in paths.items()}
+    """ for flavour, path in paths.items()])))
     # tf_keras's first call succeeds: it imports the class's module (and so tfgc).
     assert loaded["tf_keras"].returncode == 0, loaded["tf_keras"].stderr[-2000:]
     assert "LOADED DistributedSGD" in loaded["tf_keras"].stdout
