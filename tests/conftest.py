@@ -31,19 +31,6 @@ def scratch_temp_dir(tmp_path_factory):
         os.environ["TMPDIR"] = previous_env
 
 
-@pytest.fixture(autouse=True)
-def fresh_pull_registry(monkeypatch):
-    """Each test starts with no pulling optimizer or unstarted PulledVariable known to
-    tfgc.variables: one left alive by an earlier test would change which optimizer
-    starts a later test's pulls (or that none does)."""
-    import weakref  # noqa: PLC0415
-
-    from tfgc import variables  # noqa: PLC0415
-
-    monkeypatch.setattr(variables, "_pullers", weakref.WeakKeyDictionary())
-    monkeypatch.setattr(variables, "_not_started", weakref.WeakKeyDictionary())
-
-
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

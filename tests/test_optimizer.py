@@ -477,7 +477,7 @@ def test_silent_no_ops_warn():
             with tfgc.compressed_pulls():
                 pass
     opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8())
-    with pytest.warns(UserWarning, match="no pull_compression: they are pulled as they are"):
+    with pytest.warns(UserWarning, match="has a pull codec: they are pulled as they are"):
         opt.build([local])
     # The other way round: pull_compression, but the model was built outside the scope.
     opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),

@@ -137,16 +137,62 @@ def test_pulls_start_at_the_first_step_without_a_build():
         np.testing.assert_array_equal(v.cache.numpy(), v.snapshots.numpy()[0])
 
 
-def test_two_pulling_optimizers_leave_the_start_to_a_build():
+def test_two_optimizers_with_one_pull_setting_need_no_build():
+    x, y = _digits()
+    loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with tfgc.compressed_pulls():
+        model = _model()
+    with tfgc.compressed_pulls():
+        other_model = _model()
+    opt, other = (tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                            pull_compression=C.Int8()) for _ in range(2))
+    model.compile(opt, loss)
+    other_model.compile(other, loss)
+    model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+    other_model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+    for optimizer, trained in ((opt, model), (other, other_model)):
+        pulled = [v for v in trained.trainable_variables if isinstance(v, PulledVariable)]
+        assert all(v.pull_codec is not None for v in pulled)
+        dense = 2 * sum(v.shape.num_elements() * 4 for v in pulled)  # two steps
+        assert int(optimizer.traffic["pull_dense_bytes"].numpy()) == dense
+
+
+def test_two_optimizers_with_other_pull_settings_name_the_explicit_ways():
     x, y = _digits()
     with tfgc.compressed_pulls():
         model = _model()
     opt, other = (tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
-                                            pull_compression=C.Int8()) for _ in range(2))
+                                            pull_compression=pull)
+                  for pull in (C.Int8(), C.ThreeLC(1.0)))
     model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    with pytest.raises(RuntimeError, match="optimizer.build"):
+    with pytest.raises(RuntimeError, match=r"compressed_pulls\(compression=...\)"):
         model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
     assert other.pull_compression is not None  # alive until here: two candidates
+
+
+def test_the_scope_s_codec_pulls_without_an_optimizer_s_pull_compression():
+    x, y = _digits()
+    with tfgc.compressed_pulls(compression=C.ThreeLC(1.0)) as pulls:
+        model = _model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0))
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    pulled = [v for v in model.trainable_variables if isinstance(v, PulledVariable)]
+    assert pulled == pulls.variables and all(v.owner is pulls for v in pulled)
+    assert [type(v.pull_codec).__name__ for v in pulled] == ["ThreeLC", "Cast", "ThreeLC", "Cast"]
+    traffic = {k: int(v.numpy()) for k, v in opt.traffic.items()}
+    assert 0 < traffic["pull_bytes"] < traffic["pull_dense_bytes"] / 8
+
+
+def test_get_variable_joins_the_scope_it_is_made_in():
+    with tfgc.compressed_pulls() as pulls:
+        v = tfgc.get_variable("w", [16, 16])
+        w = tfgc.get_variable("u", [4])
+    alone = tfgc.get_variable("z", [4])
+    assert pulls.variables == [v, w] and v.owner is pulls
+    assert alone.owner is not pulls and alone.owner.variables == [alone]
+    with pytest.raises(TypeError, match="tfgc codec"):
+        tfgc.compressed_pulls(compression="threelc")
 
 
 def test_a_built_optimizer_leaves_a_later_models_pulls_to_its_own_optimizer():

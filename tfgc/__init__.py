@@ -11,7 +11,7 @@ from tfgc.optimizer import (
 )
 from tfgc.moving_statistics import batch_norm_on_server
 from tfgc.trainer import fit_on_parameter_servers
-from tfgc.variables import compressed_pulls, get_variable
+from tfgc.pulls import compressed_pulls, get_variable
 
 # Saved models compiled with a DistributedOptimizer load wherever tfgc is imported.
 register_tf_keras_optimizers()

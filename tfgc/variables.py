@@ -21,12 +21,10 @@ per step with one worker index and one full/delta decision (tfgc.wire.pull).
 Gradients are taken with respect to the cache, and `DistributedOptimizer` applies them
 to the master (pushed compressed as usual).
 
-Use `get_variable` for variables you create yourself, or `compressed_pulls()` around
-model construction so that a Keras model's own weights are created this way. Pulls
-are compressed with the `pull_compression` codec of the `DistributedOptimizer` that
-builds with these variables, or, at the first traced step, of the one
-`DistributedOptimizer` with `pull_compression` made under the same strategy and not yet
-built; until then, reads go to the master uncompressed.
+`tfgc.compressed_pulls()` around model construction makes a Keras model's own weights
+this way, and `tfgc.get_variable` the variables one creates oneself; the scope's
+`CompressedPulls` (tfgc.pulls) owns them, decides their codec and starts their pulls.
+Until their pulls start, reads go to the master uncompressed.
 Under ParameterServerStrategy the cache is a per-worker variable; with no strategy
 the same mechanism runs in one process (one worker) so accuracy can be studied
 locally. Under all-reduce strategies there are no pulls and variables are created
@@ -34,9 +32,7 @@ as usual.
 """
 import contextlib
 import threading
-import warnings
 import weakref
-from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -44,117 +40,33 @@ from tfgc import _compat, moving_statistics, server_variables
 from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable
 
-_state = threading.local()  # set while this module creates its own buffers
-
-# Per strategy: the PulledVariables made under it that pull nothing yet (in creation
-# order), and the DistributedOptimizers with pull_compression made under it. The first
-# traced read of such a variable lets the one optimizer start every one's pulls.
-_not_started = weakref.WeakKeyDictionary()  # strategy -> [weakref to PulledVariable]
-_pullers = weakref.WeakKeyDictionary()  # strategy -> WeakSet of optimizers
+_state = threading.local()  # set while tfgc creates variables that are no model's
 
 
-def register_puller(optimizer):
-    """Lets `optimizer` (it has a pull_compression) start the pulls of the
-    PulledVariables of the current strategy at their first traced read."""
-    _pullers.setdefault(tf.distribute.get_strategy(), weakref.WeakSet()).add(optimizer)
-
-
-def _start_pulls():
-    """Has the current strategy's one pulling optimizer not yet built start the pulls of
-    every PulledVariable made under the strategy (one group per parameter server).
-    Nothing happens when there is no such optimizer, or more than one (then the
-    optimizer that builds with the variables starts them). A built optimizer is left
-    out: its variables are fixed, so a later model's belong to another optimizer (its
-    construction reads them before that optimizer exists)."""
-    strategy = tf.distribute.get_strategy()
-    pullers = [p for p in _pullers.get(strategy, ()) if not p.built_compression]
-    if len(pullers) != 1:
-        return
-    waiting = [v for v in (ref() for ref in _not_started.pop(strategy, ()))
-               if v is not None and v.pull_codec is None]
-    with tf.init_scope():  # its buffers are made outside the step being traced
-        pullers[0].enable_pulls(waiting)
-
-
-def get_variable(name: str, shape: Sequence[int], dtype: tf.DType = tf.float32,
-                 initializer: Any = "glorot_uniform", trainable: bool = True) -> tf.Variable:
-    """Creates a model variable whose pulls from its parameter server can be compressed.
-
-    Same arguments as `Layer.add_weight`. Call it inside `strategy.scope()`: the master
-    is placed on a parameter server as any variable, and its per-worker snapshots on
-    the same server, its cache on each worker. Trainable floating variables get these
-    buffers whatever their size; others are returned as plain variables.
-
-    Args:
-      name: variable name.
-      shape: fully defined shape.
-      dtype: variable dtype.
-      initializer: a Keras initializer, its name, or a callable (shape, dtype) -> tensor.
-      trainable: whether gradients update it.
-
-    Returns:
-      A `PulledVariable` (usable wherever a tf.Variable is), or a tf.Variable when the
-      variable is not trainable, not floating, or the strategy has no pulls.
-    """
-    import tf_keras
-
-    shape = tf.TensorShape(shape)
-    if not shape.is_fully_defined():
-        raise ValueError(f"get_variable needs a fully defined shape, got {shape}")
-    init = tf_keras.initializers.get(initializer)
-    master = tf.Variable(
-        lambda: init(shape, dtype), dtype=dtype, name=name, trainable=trainable
-    )
-    return _maybe_pulled(master, min_elements=0, batch_norm_on_server=True)
+def creating_buffers():
+    """Whether tfgc is creating its own buffers (no scope turns them into pulled ones)."""
+    return getattr(_state, "creating_buffers", False)
 
 
 @contextlib.contextmanager
-def compressed_pulls(min_elements: int = 0,
-                     batch_norm_on_server: bool = True) -> Iterator[None]:
-    """Creates the trainable variables made in this scope as `PulledVariable`s.
-
-    Enter it inside `strategy.scope()` around model construction:
-
-        with strategy.scope(), tfgc.compressed_pulls():
-            model = make_model()
-
-    Args:
-      min_elements: smaller variables stay plain variables, read from their server as
-        they are on every step. By default every trainable floating variable is
-        pulled, in one message per server and step: those the optimizer compresses
-        with `pull_compression`, the small ones (biases, batch norm; below the
-        optimizer's `min_elements`) with its small-tensor codec, as its pushes.
-      batch_norm_on_server: under ParameterServerStrategy, update the moving statistics
-        of the tf_keras batch-norm layers made in this scope on their server, where
-        only the batch's statistics cross (tfgc.moving_statistics); False leaves them
-        to Keras, which reads them to the worker and writes them back on every step.
-        `tfgc.batch_norm_on_server(model, enabled)` switches it for a built model.
-    """
-
-    strategy = tf.distribute.get_strategy()
-    if tf.distribute.has_strategy() and not is_parameter_server(strategy):
-        warnings.warn(
-            "tfgc.compressed_pulls() changes nothing under an all-reduce strategy (every "
-            f"replica of {type(strategy).__name__} holds the model; nothing is pulled); "
-            "it applies to ParameterServerStrategy and to single-process training",
-            stacklevel=3)
-
-    def creator(next_creator, **kwargs):
-        variable = next_creator(**kwargs)
-        if getattr(_state, "creating_buffers", False):
-            return variable
-        return _maybe_pulled(variable, min_elements, batch_norm_on_server)
-
-    with tf.variable_creator_scope(creator):
+def buffers():
+    """A scope in which the variables made are tfgc's own, left as they are."""
+    previous = creating_buffers()
+    _state.creating_buffers = True
+    try:
         yield
+    finally:
+        _state.creating_buffers = previous
 
 
-def _maybe_pulled(master, min_elements, batch_norm_on_server):
+def pulled(master, min_elements, batch_norm_on_server, owner):
+    """`master` as a model variable of a `compressed_pulls` scope: a `PulledVariable`
+    owned by `owner` (a tfgc.pulls.CompressedPulls) where it is pulled, else itself."""
     strategy = tf.distribute.get_strategy()
     if isinstance(master, _compat.ShardedVariable):
         # A `variable_partitioner` split it over parameter servers: each shard is
         # pulled like a variable of its own, by the group of its server.
-        shards = [_maybe_pulled(shard, min_elements, batch_norm_on_server)
+        shards = [pulled(shard, min_elements, batch_norm_on_server, owner)
                   for shard in master.variables]
         container = _compat.ShardedVariable(shards, name=master.name.split(":")[0])
         for shard in shards:
@@ -172,7 +84,7 @@ def _maybe_pulled(master, min_elements, batch_norm_on_server):
         return master
     if master.shape.num_elements() < min_elements:
         return master
-    return PulledVariable(master)
+    return PulledVariable(master, owner)
 
 
 class PulledVariable(_compat.BaseResourceVariable):
@@ -191,25 +103,28 @@ class PulledVariable(_compat.BaseResourceVariable):
       synced: per worker, whether its cache has had its first full pull.
     """
 
-    def __init__(self, master):  # pylint: disable=super-init-not-called
+    def __init__(self, master, owner):  # pylint: disable=super-init-not-called
         # Like TF's own variable wrappers, this one holds no resource of its own.
         self._master = master
         per_worker = is_parameter_server(tf.distribute.get_strategy())
         base_name = master.name.split(":")[0]
-        _state.creating_buffers = True
-        try:
+        with buffers():
             self.cache = local_variable(tf.zeros(master.shape, master.dtype),
                                         f"{base_name}/pull_cache", per_worker)
-        finally:
-            _state.creating_buffers = False
         self._codec = None
         self._group = None  # the tfgc.wire.ParameterServerPull that pulls this variable
-        _not_started.setdefault(tf.distribute.get_strategy(), []).append(weakref.ref(self))
+        self._owner = owner
+        owner.add(self)
         self._pulled = weakref.WeakKeyDictionary()  # graph -> (cache handle, pull op)
 
     @property
     def master(self):
         return self._master
+
+    @property
+    def owner(self):
+        """The tfgc.pulls.CompressedPulls that starts and counts this variable's pulls."""
+        return self._owner
 
     @property
     def pull_codec(self):
@@ -227,7 +142,7 @@ class PulledVariable(_compat.BaseResourceVariable):
         return None if self._group is None else self._group.synced
 
     def enable_compressed_pulls(self, codec, group):
-        """Makes reads in replica functions pull through `codec` (done by the optimizer).
+        """Makes reads in replica functions pull through `codec` (done by its owner).
 
         Args:
           codec: the `tfgc.codecs.Codec` for this variable's deltas.
@@ -248,7 +163,7 @@ class PulledVariable(_compat.BaseResourceVariable):
             and not _compat.in_save_context()
         )
         if in_step and self._codec is None:
-            _start_pulls()
+            self._owner.start_at_first_read()
         return in_step and self._codec is not None
 
     def _cache_state(self):
@@ -258,7 +173,7 @@ class PulledVariable(_compat.BaseResourceVariable):
             # One handle per graph: the tape watches and differentiates this tensor.
             handle = self.cache.handle
             self._pulled[graph] = (handle, None)  # a read while adding the pull: no pull
-            self._pulled[graph] = (handle, self._group.pull_op(graph))
+            self._pulled[graph] = (handle, self._owner.pull_in(graph, self._group))
         return self._pulled[graph]
 
     @property

@@ -7,13 +7,13 @@ import warnings
 
 import tensorflow as tf
 
-from tfgc import _compat, codecs
+from tfgc import _compat, codecs, pulls
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
 )
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
-from tfgc.variables import PulledVariable, register_puller
-from tfgc.wire import ParameterServerPull, choose_wire
+from tfgc.variables import PulledVariable
+from tfgc.wire import choose_wire
 from tfgc.wire.encoder import Encoder
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
@@ -88,9 +88,10 @@ class CompressingBase:
         # the optimizer; `_counters` adds to them.
         self._traffic = None
         self._counters = None
-        self._uncounted = []  # [(direction, sent)] traced before the counters existed
+        self._saw_pulled = False  # whether it was given a PulledVariable
+        self._pull_owners = set()  # the CompressedPulls whose pulls it counts
         if pull_compression is not None:
-            register_puller(self)
+            pulls.offer(self)
 
     @property
     def built_compression(self):
@@ -154,7 +155,7 @@ class CompressingBase:
             strategy = tf.distribute.get_strategy()
             if is_parameter_server(strategy) and tf.executing_eagerly():
                 require_ops_on([v.device for v in var_list] + worker_devices(strategy))
-            if self.pull_compression is not None and not getattr(self, "_saw_pulled", False):
+            if self.pull_compression is not None and not self._saw_pulled:
                 warnings.warn(
                     "pull_compression is set but no variable was created under "
                     "tfgc.compressed_pulls(): the model is pulled as it is (fp32). Build the "
@@ -166,48 +167,46 @@ class CompressingBase:
                                              self._variable_index)
         self.encoder.build(var_list, residual_variable)
 
-    def _master_of(self, variable):
-        """The variable updates go to; enables compressed pulls of a `PulledVariable`."""
-        if not isinstance(variable, PulledVariable):
-            return variable
-        self.enable_pulls([variable])
-        return variable.master
+    def pull_codecs(self):
+        """How this optimizer pulls a model (a `tfgc.pulls.PullCodecs`), or None
+        without `pull_compression`."""
+        if self.pull_compression is None:
+            return None
+        return pulls.PullCodecs(self.pull_compression, self.small_compression,
+                                self.min_elements)
 
-    def enable_pulls(self, variables):
-        """Makes the `PulledVariable`s among `variables` pull through
-        `pull_compression`, one group (one message per step) per parameter server."""
+    def _masters(self, variables):
+        """The variables updates go to: the master of each `PulledVariable`."""
         if any(isinstance(v, PulledVariable) for v in variables):
             self._saw_pulled = True
-        waiting = [v for v in variables if isinstance(v, PulledVariable) and v.pull_codec is None]
-        if not waiting:
-            return
-        if self.pull_compression is None:
-            if getattr(self, "_warned_uncompressed_pulls", False):
-                return
-            self._warned_uncompressed_pulls = True
-            warnings.warn(
-                f"{len(waiting)} variable(s) were created under tfgc.compressed_pulls(), but "
-                "this DistributedOptimizer has no pull_compression: they are pulled as they "
-                "are (fp32); pass pull_compression=... to compress them", stacklevel=3)
-            return
-        if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
-            # The step reading these variables was traced with uncompressed pulls.
-            raise RuntimeError(
-                "Compressed pulls start at the first step when exactly one "
-                "DistributedOptimizer with pull_compression was made in this strategy's "
-                "scope; otherwise call `optimizer.build(model.trainable_variables)` "
-                "(inside strategy.scope() if there is a strategy) before training"
-            )
-        groups = {}  # one per parameter server (and dtype: the snapshots are one buffer)
-        for variable in waiting:
-            groups.setdefault((variable.master.device, variable.master.dtype), []).append(variable)
-        for members in groups.values():
-            pull_codecs = [self.pull_compression.bind(v.master) if self.compresses(v.master)
-                           else self.wire_codec(v.master) for v in members]
-            group = ParameterServerPull(members, pull_codecs,
-                                        count=lambda rows: self._record("pull", rows))
-            for variable, codec in zip(members, pull_codecs):
-                variable.enable_compressed_pulls(codec, group)
+        return [v.master if isinstance(v, PulledVariable) else v for v in variables]
+
+    def _take_pulls(self, variables):
+        """Has the owners of the `PulledVariable`s among `variables` start their pulls if
+        nothing has, and count them (see `tfgc.pulls.CompressedPulls.attach`); counts
+        the pulls of the current step traced before this optimizer's counters existed."""
+        owners = {id(v.owner): v.owner for v in variables if isinstance(v, PulledVariable)}
+        for owner in owners.values():
+            if owner in self._pull_owners:
+                continue
+            if owner.attach(self):
+                self._pull_owners.add(owner)
+            elif not getattr(self, "_warned_uncompressed_pulls", False):
+                self._warned_uncompressed_pulls = True
+                warnings.warn(
+                    f"{len(owner.variables)} variable(s) were created under "
+                    "tfgc.compressed_pulls(), but neither it nor this DistributedOptimizer "
+                    "has a pull codec: they are pulled as they are (fp32); pass "
+                    "pull_compression=... to compress them", stacklevel=3)
+        if not tf.executing_eagerly():
+            for owner in self._pull_owners:
+                owner.count_pending()
+
+    @property
+    def traffic_counters(self):
+        """The `tfgc.traffic.TrafficCounters` its wires and pulls add to (None until
+        built)."""
+        return self._counters
 
     @property
     def traffic(self):
@@ -220,21 +219,6 @@ class CompressingBase:
         """{variable name: {"push_bytes", "push_dense_bytes", "pull_bytes",
         "pull_dense_bytes"}} as Python ints, cumulative (eager only)."""
         return {} if self._counters is None else self._counters.by_variable()
-
-    def _record(self, direction, sent):
-        """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
-        if self._counters is None:
-            # Pulls started by the first step's reads, before this optimizer was built
-            # in that step: counted by `_record_uncounted` once it is.
-            self._uncounted.append((direction, sent))
-            return
-        self._counters.record(direction, sent)
-
-    def _record_uncounted(self):
-        """Counts what `_record` was given before the counters existed (same trace)."""
-        uncounted, self._uncounted = self._uncounted, []
-        for direction, sent in uncounted:
-            self._record(direction, sent)
 
     def codec_for(self, variable):
         """The codec bound to `variable` (see `Codec.bind`)."""
@@ -250,7 +234,7 @@ class CompressingBase:
         returns the (gradient as received, variable) pairs."""
         wire = choose_wire(self.encoder, strategy, aggregate, self.bucket_bytes)
         pairs, sent = wire.send(grads_and_vars)
-        self._record("push", sent)
+        self._counters.record("push", sent)
         return pairs
 
 

@@ -51,11 +51,11 @@ class _CompressingMixin(CompressingBase):
             raise self._unknown_variable(variable, _compat.tf_keras_num_variables(self)) from None
 
     def build(self, var_list):
-        self.enable_pulls(var_list)  # all at once: one pull group per parameter server
-        var_list = [self._master_of(v) for v in var_list]
+        masters = self._masters(var_list)
         with created_by_name():  # the slots, reached by name (tfgc.server_variables)
-            super().build(var_list)
-        self._build_compression(var_list)
+            super().build(masters)
+        self._build_compression(masters)
+        self._take_pulls(var_list)
 
     def _deduplicate_sparse_grad(self, grads):  # _compat.TF_KERAS_DEDUPLICATE_SPARSE_GRAD
         # tf_keras sums the rows of every sparse gradient first, on no device in
@@ -82,12 +82,15 @@ class _CompressingMixin(CompressingBase):
 
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
                         **kwargs):
-        grads_and_vars = [(g, self._master_of(v)) for g, v in grads_and_vars]
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for _, v in grads_and_vars]
+        grads_and_vars = [(g, master) for (g, _), master in
+                          zip(grads_and_vars, self._masters(variables))]
         if not grads_and_vars:
             return super().apply_gradients(grads_and_vars, name=name)
         with tf.init_scope():
             self.build([v for _, v in grads_and_vars])
-        self._record_uncounted()
+        self._take_pulls(variables)
         strategy = tf.distribute.get_strategy()
         self._warn_of_interleaved_adam(strategy, grads_and_vars)
         aggregate = not skip_gradients_aggregation and kwargs.pop(

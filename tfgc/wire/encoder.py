@@ -17,6 +17,16 @@ from tfgc.memory import feedback_flat_step, feedback_step
 from tfgc.codecs.identity import NoCompression
 
 
+def compresses(variable, min_elements):
+    """Whether a main codec compresses `variable`'s tensors: floating, with a known
+    number of elements, `min_elements` or more."""
+    return (
+        variable.dtype.is_floating
+        and variable.shape.num_elements() is not None
+        and variable.shape.num_elements() >= min_elements
+    )
+
+
 class Encoder:
     """Encodes gradients for the wire, with error feedback where kept.
 
@@ -48,11 +58,7 @@ class Encoder:
 
     def compresses(self, variable):
         """True when `variable`'s gradients are compressed by the main codec."""
-        return (
-            variable.dtype.is_floating
-            and variable.shape.num_elements() is not None
-            and variable.shape.num_elements() >= self.min_elements
-        )
+        return compresses(variable, self.min_elements)
 
     def build(self, variables, make_residual):
         """Binds the main codec to each compressed variable of `variables` not bound

@@ -24,8 +24,6 @@ so each payload's are contiguous): the subtraction, the snapshot update, the ful
 section and the cache update are one op each for the group, not one per variable.
 That keeps the traced step small, which is most of what a first step costs.
 """
-import weakref
-
 import tensorflow as tf
 
 from tfgc.codecs import base
@@ -41,7 +39,6 @@ class ParameterServerPull:
     Args:
       variables: the `PulledVariable`s (their masters on one device, of one dtype).
       codecs: the codec of each variable's deltas.
-      count: optional callable([(master, payload bytes)]) called once per traced pull.
 
     Attributes:
       synced: per worker, whether its caches have had their first full pull.
@@ -50,14 +47,13 @@ class ParameterServerPull:
         one more resource, not one per variable (each costs bytes on every call).
     """
 
-    def __init__(self, variables, codecs, count=None):
+    def __init__(self, variables, codecs):
         kinds = {(v.master.device, v.master.dtype) for v in variables}
         if len(kinds) != 1:
             raise ValueError(f"a pull group shares one server and one dtype, got {kinds}")
         self.variables = list(variables)
         self.codecs = list(codecs)
         self.device, self.dtype = kinds.pop()
-        self._count = count
         self._sizes = [v.master.shape.num_elements() for v in self.variables]
         # Variables whose (batched) codec is shared travel as one payload.
         self._units = payload_units([id(c) if c.batched else None for c in self.codecs])
@@ -74,7 +70,6 @@ class ParameterServerPull:
                 tf.zeros([num_workers(), sum(self._sizes)], self.dtype), "pull_snapshots",
                 per_worker=False)
         self._full_nbytes = sum(dense_nbytes(v.master) for v in self.variables)
-        self._pulls = weakref.WeakKeyDictionary()  # graph -> this graph's pull op
 
     def snapshots_of(self, variable):
         """`variable`'s rows of the snapshot buffer, [workers, *shape]."""
@@ -83,18 +78,15 @@ class ParameterServerPull:
         rows = tf.convert_to_tensor(self.snapshots)[:, start:end]
         return tf.reshape(rows, [-1] + variable.master.shape.as_list())
 
-    def pull_op(self, graph):
-        """The op that pulls the whole group in `graph`, added on its first use."""
-        if graph not in self._pulls:
-            self._pulls[graph] = self.pull([v.cache.handle for v in self.variables])
-        return self._pulls[graph]
-
     def pull(self, caches):
-        """Adds one step's pull to the current graph; returns the op to wait for.
+        """Adds one step's pull to the current graph.
 
         Args:
           caches: this graph's cache handle of each variable (per-worker variables are
             bound to a worker when the function is called).
+
+        Returns:
+          (the op to wait for, [(master, bytes of the message it accounts for)]).
         """
         synced_handle = self.synced.handle
         synced = tf.raw_ops.ReadVariableOp(resource=synced_handle, dtype=tf.bool)
@@ -121,9 +113,7 @@ class ParameterServerPull:
                    for i, new in zip(self._order, self._split(news))]
         with tf.control_dependencies(updates):
             done = tf.raw_ops.AssignVariableOp(resource=synced_handle, value=True)
-        if self._count is not None:
-            self._count(counted)
-        return done
+        return done, counted
 
     def _split(self, flat):
         """The variables' tensors, shaped, from the group's flat vector (flat order)."""
@@ -144,7 +134,7 @@ class ParameterServerPull:
     def _serve(self, state):
         """The server's side: encodes every delta and updates the snapshots (stateful
         ops of the step: they run without anyone waiting on them); returns (message,
-        its layout, the bytes counted per variable or None without `count`).
+        its layout, the bytes counted per variable).
 
         The counts are made here, from what is sent, so that they reach the traffic
         counters (on a server) without crossing the wire."""
@@ -164,9 +154,7 @@ class ParameterServerPull:
         layout, message = Layout.pack(list(payloads) + [{"full": full}])
         with tf.control_dependencies([message]):  # encoded before the snapshots move
             self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
-        counted = (None if self._count is None
-                   else self._counted(layout, list(payloads), full, synced))
-        return message, layout, counted
+        return message, layout, self._counted(layout, list(payloads), full, synced)
 
     def _unit_values(self, flat, unit):
         """Payload `unit`'s part of the group's flat vector."""

@@ -1,0 +1,336 @@
+"""Who owns compressed pulls: a `CompressedPulls` object per model (or group of variables).
+
+`tfgc.compressed_pulls()` returns one. Inside its scope the trainable variables a
+model creates become `PulledVariable`s (tfgc.variables) that it owns; it starts their
+pulls, one group (one message per step) per parameter server, and counts what they
+carry. A step's pull reads straight down:
+
+    PulledVariable read -> CompressedPulls.pull_in -> tfgc.wire.ParameterServerPull
+        -> codecs -> ops; the bytes it sent come back as a value -> TrafficCounters
+
+Which codec pulls them is decided once, when the pulls start (at the first traced
+read, or when an optimizer is built with the variables, whichever comes first):
+
+1. `compressed_pulls(compression=codec)`: that codec, with tfgc's default small-tensor
+   settings. No optimizer needs to know.
+2. The `DistributedOptimizer` built with the variables (`optimizer.build(...)`; Keras 3's
+   `fit` builds it before the first step): its `pull_compression`, `small_compression`
+   and `min_elements`.
+3. Otherwise (tf_keras's `fit` and custom loops read the model before the optimizer is
+   built): the pull settings of the unbuilt `DistributedOptimizer`s with
+   `pull_compression` made under the same strategy, when they all agree. When they do
+   not, the first step fails with an error that names ways 1 and 2.
+
+Without any of these, the variables are read from their servers as they are (fp32).
+The optimizer that applies gradients to the variables counts their pull bytes (its
+`traffic`), whichever way their codec was chosen.
+"""
+import json
+import threading
+import warnings
+import weakref
+from typing import Any, NamedTuple, Optional, Sequence
+
+import tensorflow as tf
+
+from tfgc import codecs as codecs_lib
+from tfgc.codecs import base
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
+from tfgc.variables import buffers, creating_buffers, pulled
+from tfgc.wire import ParameterServerPull
+from tfgc.wire.encoder import compresses
+
+_active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
+# Per strategy, the DistributedOptimizers with pull_compression made under it: the
+# pull settings way 3 of the module docstring reads.
+_offers = weakref.WeakKeyDictionary()  # strategy -> WeakSet of optimizers
+
+
+class PullCodecs(NamedTuple):
+    """How a group of variables is pulled.
+
+    Attributes:
+      compression: the codec of the deltas of variables with `min_elements` or more.
+      small_compression: the codec of smaller ones (None: sent as they are).
+      min_elements: the threshold.
+    """
+
+    compression: base.Codec
+    small_compression: Optional[base.Codec]
+    min_elements: int
+
+    def codec_for(self, master):
+        """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
+        if compresses(master, self.min_elements):
+            return self.compression.bind(master)
+        return (codecs_lib.NoCompression() if self.small_compression is None
+                else self.small_compression)
+
+    def key(self):
+        """A string equal for equal settings."""
+        return json.dumps([None if c is None else codecs_lib.serialize(c)
+                           for c in (self.compression, self.small_compression)]
+                          + [self.min_elements], sort_keys=True, default=str)
+
+
+def default_pull_codecs(compression):
+    """`compression` for the deltas, with tfgc's default small-tensor settings."""
+    return PullCodecs(compression, codecs_lib.Cast("float16"), DEFAULT_MIN_ELEMENTS)
+
+
+def offer(optimizer):
+    """Lets the pulls that start under the current strategy without a codec of their own
+    use `optimizer.pull_codecs()` (way 3 of the module docstring)."""
+    _offers.setdefault(tf.distribute.get_strategy(), weakref.WeakSet()).add(optimizer)
+
+
+class CompressedPulls:
+    """Owns the `PulledVariable`s made in its scope, their pull groups and their counts.
+
+    Use it through `tfgc.compressed_pulls()`.
+
+    Attributes:
+      variables: the `PulledVariable`s it owns, in creation order.
+      codecs: the `PullCodecs` their pulls use; None until the pulls start.
+    """
+
+    def __init__(self, compression=None, min_elements=0, batch_norm_on_server=True):
+        if compression is not None and not isinstance(compression, base.Codec):
+            raise TypeError("compressed_pulls(compression=...) takes a tfgc codec, got "
+                            f"{type(compression).__name__}")
+        self.compression = compression
+        self.min_elements = int(min_elements)
+        self.batch_norm_on_server = bool(batch_norm_on_server)
+        self.variables = []
+        self.codecs = None
+        self._strategy = tf.distribute.get_strategy()
+        self._counters = None  # the TrafficCounters of the optimizer that applies them
+        self._pending = []  # [(graph, counted)] traced before there were counters
+        self._pulls = weakref.WeakKeyDictionary()  # graph -> {group: its pull op}
+        self._scope = None
+
+    # --- the scope --------------------------------------------------------------------
+
+    def __enter__(self):
+        strategy = tf.distribute.get_strategy()
+        if tf.distribute.has_strategy() and not is_parameter_server(strategy):
+            warnings.warn(
+                "tfgc.compressed_pulls() changes nothing under an all-reduce strategy "
+                f"(every replica of {type(strategy).__name__} holds the model; nothing is "
+                "pulled); it applies to ParameterServerStrategy and to single-process "
+                "training", stacklevel=3)
+
+        def creator(next_creator, **kwargs):
+            variable = next_creator(**kwargs)
+            if creating_buffers():
+                return variable
+            return self.adopt(variable)
+
+        self._scope = tf.variable_creator_scope(creator)
+        self._scope.__enter__()
+        _scopes().append(self)
+        return self
+
+    def __exit__(self, *exc_info):
+        _scopes().remove(self)
+        scope, self._scope = self._scope, None
+        return scope.__exit__(*exc_info)
+
+    def adopt(self, master, min_elements=None):
+        """`master` as this owner makes it: a `PulledVariable` it owns where pulled
+        (`min_elements` overrides the scope's)."""
+        if min_elements is None:
+            min_elements = self.min_elements
+        return pulled(master, min_elements, self.batch_norm_on_server, owner=self)
+
+    def add(self, variable):
+        """Takes ownership of a new `PulledVariable` (called by the variable)."""
+        if self.codecs is not None:
+            raise RuntimeError(
+                f"{variable.master.name} was created in a compressed_pulls() scope whose "
+                "pulls have started: create a model's variables before its first step")
+        self.variables.append(variable)
+
+    # --- starting -----------------------------------------------------------------------
+
+    @property
+    def started(self):
+        return self.codecs is not None
+
+    def start(self, pull_codecs):
+        """Starts the pulls with `pull_codecs`: one group per parameter server (and dtype:
+        a group's snapshots are one buffer)."""
+        self.codecs = pull_codecs
+        groups = {}
+        for variable in self.variables:
+            groups.setdefault((variable.master.device, variable.master.dtype),
+                              []).append(variable)
+        with tf.init_scope():  # the groups' buffers are not part of a traced step
+            for members in groups.values():
+                member_codecs = [pull_codecs.codec_for(v.master) for v in members]
+                group = ParameterServerPull(members, member_codecs)
+                for variable, codec in zip(members, member_codecs):
+                    variable.enable_compressed_pulls(codec, group)
+
+    def start_at_first_read(self):
+        """Starts the pulls at the first traced read when their codec is known (ways 1
+        and 3 of the module docstring); returns whether they run. Reads while the scope
+        is open (Keras traces a model as it makes it) go to the masters."""
+        if self.codecs is None and self._scope is None:
+            pull_codecs = self._codecs_without_an_optimizer()
+            if pull_codecs is not None:
+                self.start(pull_codecs)
+        return self.codecs is not None
+
+    def _codecs_without_an_optimizer(self):
+        if self.compression is not None:
+            return default_pull_codecs(self.compression)
+        offered = {}
+        for optimizer in list(_offers.get(self._strategy, ())):
+            if not optimizer.built_compression:
+                settings = optimizer.pull_codecs()
+                offered.setdefault(settings.key(), settings)
+        if len(offered) > 1:
+            raise RuntimeError(
+                f"{len(offered)} DistributedOptimizers with different pull settings were "
+                "made under this strategy and none has been built, so which one pulls this "
+                "model is not known at its first step: pass the codec to the scope "
+                "(`tfgc.compressed_pulls(compression=...)`) or call "
+                "`optimizer.build(model.trainable_variables)` (inside strategy.scope() if "
+                "there is a strategy) before training")
+        return next(iter(offered.values()), None)
+
+    def attach(self, optimizer):
+        """Called by the optimizer built with (some of) these variables: starts the pulls
+        with its settings if nothing started them, and has it count them.
+
+        Raises:
+          RuntimeError: the pulls should have started in a step traced already.
+          ValueError: they started with settings other than the optimizer's.
+        """
+        own = optimizer.pull_codecs()
+        if self.codecs is None:
+            if own is None and self.compression is None:
+                return False
+            if not tf.executing_eagerly() and not tf.distribute.in_cross_replica_context():
+                # The step reading these variables was traced with uncompressed pulls.
+                raise RuntimeError(
+                    "compressed pulls start at a model's first step, and this one was "
+                    "traced before its optimizer was built: call `optimizer.build("
+                    "model.trainable_variables)` (inside strategy.scope() if there is a "
+                    "strategy) before training, or pass the codec to the scope "
+                    "(`tfgc.compressed_pulls(compression=...)`)")
+            self.start(own if self.compression is None else default_pull_codecs(self.compression))
+        elif own is not None and self.compression is None and own.key() != self.codecs.key():
+            raise ValueError(
+                f"{type(optimizer).__name__} pulls with {own.compression.name} but this "
+                f"model's pulls started with {self.codecs.compression.name} (another "
+                "optimizer's settings): build the optimizer that trains the model before "
+                "its first step")
+        self._counters = optimizer.traffic_counters
+        return True
+
+    # --- a step's pull ------------------------------------------------------------------
+
+    def pull_in(self, graph, group):
+        """The op that pulls `group` in `graph`, added (and its bytes counted) on first use."""
+        pulls = self._pulls.setdefault(graph, {})
+        if group not in pulls:
+            pulls[group] = None  # a read while adding the pull: no pull
+            done, counted = group.pull([v.cache.handle for v in group.variables])
+            pulls[group] = done
+            self._count(graph, counted)
+        return pulls[group]
+
+    def _count(self, graph, counted):
+        if self._counters is None:
+            self._pending.append((graph, counted))
+        else:
+            self._counters.record("pull", counted)
+
+    def count_pending(self):
+        """Counts the pulls of the current graph traced before the counters existed (the
+        optimizer calls it from the step that built it)."""
+        graph = tf.compat.v1.get_default_graph()
+        if self._counters is None:
+            return
+        pending, self._pending = self._pending, []
+        for traced_in, counted in pending:
+            if traced_in is graph:
+                self._counters.record("pull", counted)
+            else:
+                self._pending.append((traced_in, counted))
+
+
+def _scopes():
+    if not hasattr(_active, "stack"):
+        _active.stack = []
+    return _active.stack
+
+
+def compressed_pulls(compression: Optional[base.Codec] = None, min_elements: int = 0,
+                     batch_norm_on_server: bool = True) -> CompressedPulls:
+    """A scope whose trainable variables are pulled compressed (a `CompressedPulls`).
+
+    Enter it inside `strategy.scope()` around model construction:
+
+        with strategy.scope(), tfgc.compressed_pulls():
+            model = make_model()
+
+    Args:
+      compression: the codec of the model deltas pulled; by default the
+        `pull_compression` of the `DistributedOptimizer` that trains the model (see
+        tfgc.pulls for how that one is found).
+      min_elements: smaller variables stay plain variables, read from their server as
+        they are on every step. By default every trainable floating variable is
+        pulled, in one message per server and step: those the codec compresses, the
+        small ones (biases, batch norm; below the optimizer's `min_elements`) with its
+        small-tensor codec, as its pushes.
+      batch_norm_on_server: under ParameterServerStrategy, update the moving statistics
+        of the tf_keras batch-norm layers made in this scope on their server, where
+        only the batch's statistics cross (tfgc.moving_statistics); False leaves them
+        to Keras, which reads them to the worker and writes them back on every step.
+        `tfgc.batch_norm_on_server(model, enabled)` switches it for a built model.
+
+    Returns:
+      The `CompressedPulls` that owns the variables (`with ... as pulls`).
+    """
+    return CompressedPulls(compression, min_elements, batch_norm_on_server)
+
+
+def get_variable(name: str, shape: Sequence[int], dtype: tf.DType = tf.float32,
+                 initializer: Any = "glorot_uniform", trainable: bool = True,
+                 pulls: Optional[CompressedPulls] = None) -> tf.Variable:
+    """Creates a model variable whose pulls from its parameter server can be compressed.
+
+    Same arguments as `Layer.add_weight`. Call it inside `strategy.scope()`: the master
+    is placed on a parameter server as any variable, and its per-worker snapshots on
+    the same server, its cache on each worker. Trainable floating variables get these
+    buffers whatever their size; others are returned as plain variables.
+
+    Args:
+      name: variable name.
+      shape: fully defined shape.
+      dtype: variable dtype.
+      initializer: a Keras initializer, its name, or a callable (shape, dtype) -> tensor.
+      trainable: whether gradients update it.
+      pulls: the `CompressedPulls` that owns it: variables of one owner are pulled in
+        one message per server and step. By default the innermost `compressed_pulls()`
+        scope entered, or else an owner of its own.
+
+    Returns:
+      A `PulledVariable` (usable wherever a tf.Variable is), or a tf.Variable when the
+      variable is not trainable, not floating, or the strategy has no pulls.
+    """
+    import tf_keras  # noqa: PLC0415  (tfgc's pulls need tf_keras)
+
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        raise ValueError(f"get_variable needs a fully defined shape, got {shape}")
+    if pulls is None:
+        pulls = _scopes()[-1] if _scopes() else CompressedPulls()
+    init = tf_keras.initializers.get(initializer)
+    with buffers():  # made as it is here, and adopted by `pulls` below
+        master = tf.Variable(lambda: init(shape, dtype), dtype=dtype, name=name,
+                             trainable=trainable)
+    return pulls.adopt(master, min_elements=0)
