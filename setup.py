@@ -11,7 +11,7 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# Flags that are ours rather than TensorFlow's (README, "The ops"). -fno-wrapv undoes the
+# Flags that are ours rather than TensorFlow's (docs/ops.md). -fno-wrapv undoes the
 # -fwrapv of Python's CFLAGS, which setuptools passes first: wrapping signed arithmetic
 # keeps loops with signed indices from being optimized (3x slower stochastic rounding).
 # The cores are free of signed overflow (the fuzz targets run under UBSan).

@@ -4,8 +4,9 @@ Every codec that supports error feedback runs under `tfgc.ErrorFeedback` for flo
 float32 and float64 gradients (where the codec takes that dtype), each step's gradient
 drawn from a mix of edge cases: ordinary values, values at the dtype's largest finite
 magnitude, subnormals, exact zeros, wildly mixed scales, and (on some steps) NaN or Inf.
-The policy under test (README, "Non-finite values"): the residual stays finite
-whatever the input; a step whose decoding is not finite keeps the previous residual.
+The policy under test (docs/guides/mixed-precision.md, "Non-finite values"): the residual
+stays finite whatever the input; a step whose decoding is not finite keeps the previous
+residual.
 
 Per codec and dtype it counts: steps, steps whose residual was not finite (must be 0),
 and steps whose codec input (gradient plus residual) was finite but whose decoding was

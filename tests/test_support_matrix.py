@@ -1,4 +1,4 @@
-"""The support matrix (README "Supported configurations"): every cell trains and
+"""The support matrix (docs/guides/mixed-precision.md): every cell trains and
 compresses, or fails with a clear error; no cell is silent.
 
 Cells are run by tests/support_matrix.py, one process per strategy (under parameter

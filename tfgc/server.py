@@ -304,7 +304,8 @@ def serve(cluster, job, index, log=_log, warn_if_exposed=True, traffic_every_s=N
 
     Args:
       cluster: {job: [address, ...]}.
-      job, index: the task to serve.
+      job: the task's job ("ps" or "worker").
+      index: the task's index in its job.
       log: prints one line of the server's log.
       warn_if_exposed: print the security warning outside a private network
         namespace (LocalCluster's servers leave it to their launcher).

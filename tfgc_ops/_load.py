@@ -62,5 +62,8 @@ def _load():
         ) from error
 
 
-# The library's path, and the module whose attributes are its ops (tfgc_<op name>).
-library_path, ops = _load()
+_loaded = _load()
+library_path = _loaded[0]
+"""The path of the loaded op library (a shared object built for the installed TensorFlow)."""
+ops = _loaded[1]
+"""The module whose attributes are the library's ops (tfgc_<op name>)."""

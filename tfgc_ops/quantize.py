@@ -30,7 +30,8 @@ def uniform_quantize(x: TensorLike, low: TensorLike, step: TensorLike,
 
     Args:
       x: 1-D float32 tensor.
-      low, step: float32 scalars.
+      low: float32 scalar, the value of code 0.
+      step: float32 scalar, the value between two codes.
       bits: int or int32 scalar tensor in 1..8.
 
     Returns:

@@ -53,7 +53,8 @@ class AdaptiveQuantize(Quantize):
 
     Args:
       rho: the largest allowed ratio of quantization noise power to gradient power.
-      min_bits, max_bits: the allowed range.
+      min_bits: the fewest bits allowed.
+      max_bits: the most bits allowed.
     """
 
     def __init__(self, rho: float = 0.01, min_bits: int = MIN_BITS, max_bits: int = MAX_BITS,

@@ -10,7 +10,10 @@ import tensorflow as tf
 from tfgc import _compat
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS
 
-KEEP, ADD = 0, 1
+KEEP = 0
+"""The action that keeps the number of bits."""
+ADD = 1
+"""The action that adds one bit."""
 _STATE_VERSION = 1
 REWARD_NORMALIZATIONS = ("none", "rms")
 
@@ -131,7 +134,8 @@ class MQGradAgent(_compat.Trackable):
     Args:
       T: iterations per MDP step.
       initial_bits: n_0.
-      min_bits, max_bits: the bits levels (2..8 in the paper; 7 outputs).
+      min_bits: the lowest bits level (2 in the paper).
+      max_bits: the highest bits level (8 in the paper; 7 levels, 7 outputs).
       alpha: smoothing weight of Eq. (1).
       epsilon: exploration probability.
       eta: SARSA step size.
