@@ -38,7 +38,7 @@ from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
 from tfgc.variables import buffers, creating_buffers, pulled
 from tfgc.wire import ParameterServerPull
-from tfgc.wire.encoder import compresses
+from tfgc.wire.encoder import compresses, topology
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
 # Per strategy, the DistributedOptimizers with pull_compression made under it: the
@@ -62,7 +62,7 @@ class PullCodecs(NamedTuple):
     def codec_for(self, master):
         """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
         if compresses(master, self.min_elements):
-            return self.compression.bind(master)
+            return self.compression.bind(master, topology())
         return (codecs_lib.NoCompression() if self.small_compression is None
                 else self.small_compression)
 

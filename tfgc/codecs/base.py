@@ -11,7 +11,7 @@ optimizer sees the failure; `ErrorFeedback` leaves its residual untouched for th
 Payloads are checked before they are decoded: see `tfgc.codecs.validation`.
 """
 import abc
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -32,6 +32,21 @@ JIT_MIN_ELEMENTS = 1 << 16
 Payload = Mapping[str, tf.Tensor]
 #: A static shape: a `tf.TensorShape` or a sequence of ints.
 Shape = Union[tf.TensorShape, Sequence[int]]
+
+
+class Topology(NamedTuple):
+    """Where a bound codec's tensors travel (given to `Codec.bind`).
+
+    Attributes:
+      parameter_server: under ParameterServerStrategy: workers encode, a parameter
+        server decodes, and per-worker state must be per-worker variables.
+      all_reduce_replicas: the replicas that sum the tensors by all-reduce (more than
+        one under Mirrored/MultiWorkerMirroredStrategy), each with its own copy of a
+        codec's state.
+    """
+
+    parameter_server: bool = False
+    all_reduce_replicas: int = 1
 
 
 class Codec(abc.ABC):
@@ -164,15 +179,20 @@ class Codec(abc.ABC):
         """Inverse of `encode_and_reconstruct_flat`: the decodings laid end to end."""
         return concat_flat(self.decode_group(payload, shapes))
 
-    def bind(self, variable: tf.Variable) -> "Codec":
+    def bind(self, variable: tf.Variable, topology: Optional["Topology"] = None) -> "Codec":
         """The codec to use for `variable`'s gradients (default: this one).
 
         `DistributedOptimizer.build` calls it once per compressed variable, inside the
         strategy's scope, so a codec that keeps per-variable state (tf.Variables, such as
         GradiVeQ's compressors) creates it here. A bound codec with `owns_all_reduce`
         defines `all_reduce`, which the optimizer then calls under all-reduce strategies.
+
+        Args:
+          variable: the variable whose tensors it will encode.
+          topology: where the tensors travel (None: one process). Codecs learn the
+            cluster from it, never from the strategy.
         """
-        del variable
+        del variable, topology
         return self
 
     def get_config(self) -> dict[str, Any]:

@@ -46,23 +46,20 @@ uncompressed, as in the paper.
 Static shapes: d changes at every PCA refresh, but the payload is sliced to the current
 d at run time (`U[:, :d]`, d read from a variable), so nothing is retraced and the wire
 carries exactly S * d floats. U is stored padded to d_max = min(K, L_t) columns, the
-most PCA over L_t samples can use. Collectives cannot sit inside `tf.cond` under
-MultiWorkerMirroredStrategy (`ReplicaContext.all_reduce` is a merge call there), so
-`all_reduce` issues the same two collectives every step, one all-reduce (float32) and
-one all-gather (int32) whose lengths depend on the phase; the one a phase does not need
-carries a single word, since TensorFlow's collectives crash on empty tensors.
+most PCA over L_t samples can use. The all-reduce face is in
+tfgc.codecs.gradiveq_all_reduce.
 """
 from typing import Optional, Sequence
 
 import tensorflow as tf
 
 from tfgc.codecs import base, identity
-from tfgc.codecs.stochastic import QSGD
-from tfgc.distribute import is_parameter_server
-
+from tfgc.codecs.gradiveq_all_reduce import AllReduceFace
 from tfgc.codecs.gradiveq_schedule import (  # noqa: F401  (PHASES: public)
-    COMPRESSED, PHASES, SAMPLING, WARMUP, Schedule, plain_python, state,
+    COMPRESSED, PHASES, SAMPLING, WARMUP, Schedule, plain_python,
 )
+from tfgc.codecs.gradiveq_schedule import state as replica_state
+from tfgc.codecs.stochastic import QSGD, SeededQSGD
 
 
 class GradiVeQ(base.Codec):
@@ -175,7 +172,8 @@ class GradiVeQ(base.Codec):
             "pool_slices": self.pool_slices,
         }
 
-    def bind(self, variable: tf.Variable, name: Optional[str] = None) -> base.Codec:
+    def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
+             name: Optional[str] = None) -> base.Codec:
         """The compressor for `variable`: a `GradiVeQLayer` for 4-D (conv) kernels,
         `NoCompression()` for anything else (the paper compresses conv layers only)."""
         shape = tf.TensorShape(variable.shape)
@@ -185,7 +183,7 @@ class GradiVeQ(base.Codec):
             name = "gradiveq_" + "".join(
                 c if c.isalnum() else "_" for c in getattr(variable, "name", "kernel").split(":")[0]
             )
-        return GradiVeQLayer(self, shape, name=name)
+        return GradiVeQLayer(self, shape, name=name, topology=topology)
 
     def encode(self, x: tf.Tensor) -> base.Payload:
         raise RuntimeError(
@@ -198,7 +196,7 @@ class GradiVeQ(base.Codec):
         self.encode(None)
 
 
-class GradiVeQLayer(Schedule, tf.Module, base.Codec):
+class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
     """GradiVeQ's compressor and schedule for one (H, W, D, F) convolution kernel.
 
     Made by `GradiVeQ.bind`. Under Mirrored/MultiWorkerMirroredStrategy the optimizer
@@ -224,8 +222,9 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
     owns_all_reduce = True
 
     def __init__(self, settings: GradiVeQ, kernel_shape: Sequence[int],
-                 name: str = "gradiveq") -> None:
+                 name: str = "gradiveq", topology: Optional[base.Topology] = None) -> None:
         tf.Module.__init__(self, name=name)
+        topology = topology or base.Topology()
         self.settings = settings
         self.kernel_shape = [int(n) for n in kernel_shape]
         h, w, depth, filters = self.kernel_shape
@@ -248,11 +247,14 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
         self.max_dim = min(self.slice_size, settings.sampling_steps * self.pooled_slices)
         self.sampler = None
         if settings.sampling_bits is not None:
-            self.sampler = _SeededQSGD(settings.sampling_bits, settings.sampling_bucket_size)
+            self.sampler = SeededQSGD(settings.sampling_bits, settings.sampling_bucket_size)
         self._seed = settings.seed
         g, k = self.num_groups, self.slice_size
         first = WARMUP if settings.warmup_steps > 0 else SAMPLING
         with self.name_scope:
+            def state(initial_value, name):
+                return replica_state(initial_value, name, topology)
+
             self.step = state(tf.constant(0, tf.int64), "step")
             self.phase = state(tf.constant(first, tf.int32), "phase")
             self.phase_step = state(tf.constant(0, tf.int32), "phase_step")
@@ -268,7 +270,7 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
             # worker keeps a copy of U and mu that it refreshes once per PCA refresh,
             # so a compressed push does not first pull K x d_max floats.
             self._worker_copy = None
-            if is_parameter_server(tf.distribute.get_strategy()):
+            if topology.parameter_server:
                 self._worker_copy = {
                     "basis": tf.Variable(tf.zeros([g, k, self.max_dim]), trainable=False,
                                          name="worker_basis", per_worker_variable=True),
@@ -280,7 +282,7 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
             # Pushes that the parameter server decodes at the same moment advance the
             # schedule one at a time (else two could both end a sampling phase).
             self._schedule_lock = None
-            if is_parameter_server(tf.distribute.get_strategy()):
+            if topology.parameter_server:
                 with tf.device(self.phase.device):
                     self._schedule_lock = tf.CriticalSection(name="schedule_lock")
 
@@ -454,72 +456,6 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
         flat = tf.switch_case(phase, [warm, sample, compressed])
         return tf.cast(tf.reshape(flat, self.kernel_shape), dtype)
 
-    # --- the all-reduce face (Mirrored / MultiWorkerMirroredStrategy) ---------------------
-
-    @plain_python
-    def all_reduce(self, gradient, replica_context):
-        """Sums every replica's `gradient` as the current phase says; advances the schedule.
-
-        Returns:
-          (the decoded sum, in gradient's shape and dtype, bytes this replica sent as
-          payload: its all-reduce and all-gather inputs).
-        """
-        gradient = base.check_floating(gradient, self.name)
-        self._check_shape(gradient)
-        ctx = replica_context
-        n = ctx.num_replicas_in_sync
-        flat = tf.reshape(tf.cast(gradient, tf.float32), [-1])
-        phase = self.phase.read_value()
-        one_float, one_word = tf.zeros([1]), tf.zeros([1], tf.int32)
-        data_bytes = self._qsgd_data_bytes()
-
-        def warm():
-            return flat, one_word
-
-        def sample():
-            if self.sampler is None:
-                return warm()
-            data, norms = self._qsgd_encode(flat, ctx.replica_id_in_sync_group)
-            data = tf.pad(data, [[0, -data_bytes % 4]])
-            words = tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
-            return one_float, tf.concat([words, tf.bitcast(norms, tf.int32)], 0)
-
-        def compressed():
-            coefficients, vote = self._compress_and_vote(flat, n)
-            return tf.concat([tf.reshape(coefficients, [-1]), vote], 0), one_word
-
-        # Collectives stay outside tf.cond (see the module doc); only their sizes change.
-        send_floats, send_words = tf.switch_case(phase, [warm, sample, compressed])
-        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, send_floats)
-        gathered = ctx.all_gather(send_words, axis=0)
-
-        def warm_sum():
-            return summed
-
-        def sample_sum():
-            if self.sampler is None:
-                return summed
-            rows = tf.reshape(gathered, [n, -1])
-            words = (data_bytes + 3) // 4
-            total = tf.zeros([self.num_elements])
-            for r in range(n):  # the same order on every replica: identical sums
-                data = tf.reshape(tf.bitcast(rows[r, :words], tf.uint8), [-1])[:data_bytes]
-                norms = tf.bitcast(rows[r, words:], tf.float32)
-                total += self.sampler.decode_parts(data, norms, self.num_elements)
-            return total
-
-        def compressed_sum():
-            coefficients = tf.reshape(summed[:-1], [self.num_slices, -1])
-            return tf.reshape(self.decompress(coefficients), [-1])
-
-        total = tf.switch_case(phase, [warm_sum, sample_sum, compressed_sum])
-        votes = tf.where(phase == COMPRESSED, summed[-1], 0.0)
-        with tf.control_dependencies([self._advance(phase, total, votes, n)]):
-            total = tf.identity(tf.cast(tf.reshape(total, self.kernel_shape), gradient.dtype))
-        nbytes = 4 * (tf.size(send_floats, out_type=tf.int64)
-                      + tf.size(send_words, out_type=tf.int64))
-        return total, nbytes
-
     # --- schedule and PCA -----------------------------------------------------------------
 
     def _compress_and_vote(self, flat, num_workers, compressor=None):
@@ -553,26 +489,3 @@ class GradiVeQLayer(Schedule, tf.Module, base.Codec):
     def _qsgd_data_bytes(self):
         return (self.num_elements * (self.settings.sampling_bits or 0) + 7) // 8
 
-
-class _SeededQSGD(QSGD):
-    """QSGD whose rounding draws are stateless in a seed (no generator variable to
-    keep in sync across replicas), exposing its payload's parts."""
-
-    def __init__(self, bits, bucket_size):
-        super().__init__(bits=bits, bucket_size=bucket_size, seed=0)
-        self._draw_seed = None
-
-    def draw_seed(self):
-        return self._draw_seed
-
-    def encode_parts(self, flat, seed):
-        self._draw_seed = seed
-        try:
-            payload = self.encode(flat)
-        finally:
-            self._draw_seed = None
-        return payload["data"], tf.cast(payload["norms"], tf.float32)
-
-    def decode_parts(self, data, norms, n):
-        return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)},
-                           expected_shape=[n])

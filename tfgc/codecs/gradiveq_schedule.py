@@ -4,7 +4,6 @@ sampling phase's gradients into the compressor U_d, mu, d (Eq. 6)."""
 import tensorflow as tf
 
 from tfgc.codecs import base
-from tfgc.distribute import is_parameter_server
 
 WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
 PHASES = ("warmup", "sampling", "compressed")
@@ -100,14 +99,14 @@ class Schedule:
             return tf.constant(True)
 
 
-def state(initial_value, name):
+def state(initial_value, name, topology):
     """A compressor state variable that each replica updates on its own copy.
 
     Every replica applies the same update to the same aggregated values, so the copies
     stay equal without communication; checkpoints keep the first replica's copy.
+    `topology` is the bound codec's `tfgc.codecs.base.Topology`.
     """
-    strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
+    if topology.all_reduce_replicas > 1:
         return tf.Variable(
             initial_value, trainable=False, name=name,
             synchronization=tf.VariableSynchronization.ON_READ,

@@ -106,3 +106,27 @@ class QSGD(base.StochasticCodec):
 
 
 _QSGD_FIELDS = {"data": base.BYTES, "norms": base.FLOAT_VECTOR, "shape": base.SHAPE}
+
+
+class SeededQSGD(QSGD):
+    """QSGD whose rounding draws are stateless in a seed (no generator variable to
+    keep in sync across replicas), exposing its payload's parts."""
+
+    def __init__(self, bits, bucket_size):
+        super().__init__(bits=bits, bucket_size=bucket_size, seed=0)
+        self._draw_seed = None
+
+    def draw_seed(self):
+        return self._draw_seed
+
+    def encode_parts(self, flat, seed):
+        self._draw_seed = seed
+        try:
+            payload = self.encode(flat)
+        finally:
+            self._draw_seed = None
+        return payload["data"], tf.cast(payload["norms"], tf.float32)
+
+    def decode_parts(self, data, norms, n):
+        return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)},
+                           expected_shape=[n])

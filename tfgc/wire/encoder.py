@@ -13,8 +13,18 @@ which is stable across processes.
 """
 import tensorflow as tf
 
-from tfgc.memory import feedback_flat_step, feedback_step
+from tfgc.codecs.base import Topology
 from tfgc.codecs.identity import NoCompression
+from tfgc.distribute import is_parameter_server
+from tfgc.memory import feedback_flat_step, feedback_step
+
+
+def topology():
+    """The `Topology` codecs bound under the current strategy are told about."""
+    strategy = tf.distribute.get_strategy()
+    if is_parameter_server(strategy):
+        return Topology(parameter_server=True)
+    return Topology(all_reduce_replicas=strategy.num_replicas_in_sync)
 
 
 def compresses(variable, min_elements):
@@ -66,7 +76,7 @@ class Encoder:
         for variable in variables:
             if not self.compresses(variable) or self._codec_key(variable) in self._codecs:
                 continue
-            codec = self.compression.bind(variable)
+            codec = self.compression.bind(variable, topology())
             self._codecs[self._codec_key(variable)] = codec
             if self.error_feedback and codec.supports_error_feedback:
                 self._residuals[self._residual_key(variable)] = make_residual(variable)
