@@ -162,13 +162,15 @@ def test_parameter_servers_compressed_pushes_and_pulls(tmp_path):
         at_workers = {w: m.traffic(w) for w in workers}
         assert not [s for t in (ps, *workers) for s in m.strangers(t)]
         for job, index in (ps, *workers):
-            log = open(m.log((job, index))).read()
+            log = processes.read_text(m.log((job, index)))
             assert f"serving /job:{job}/task:{index} at {m.cluster[job][index]}" in log, log
+            # A namespace with a network interface is not private: the server says so.
+            assert "SECURITY" in log, log
         for task in (ps, *workers):
             m.procs[task].send_signal(signal.SIGTERM)
         for task in (ps, *workers):
             assert m.wait(task, 30) == 0, m.tail(task)
-        logged = _logged_traffic(open(m.log(ps)).read())
+        logged = _logged_traffic(processes.read_text(m.log(ps)))
     assert not _left_behind(net)
     assert all(proc.returncode is not None for proc in m.procs.values())
 
@@ -180,11 +182,12 @@ def test_parameter_servers_compressed_pushes_and_pulls(tmp_path):
 
     up = {w: at_ps[w]["received"] for w in workers}  # pushes
     down = {w: at_ps[w]["sent"] for w in workers}  # pulls
-    # Both ends of each connection, read in different namespaces, agree (bytes_acked
-    # counts the SYN of the end that dialled: a byte per connection at most).
+    # Both ends of each connection, read in different namespaces, agree: to the byte
+    # but for the SYN that bytes_acked counts at the end that dialled, and a keepalive
+    # ping that may fall between the readings.
     for w in workers:
-        assert abs(at_workers[w][ps]["sent"] - up[w]) <= 4, (w, at_workers[w], at_ps)
-        assert abs(at_workers[w][ps]["received"] - down[w]) <= 4, (w, at_workers[w], at_ps)
+        assert abs(at_workers[w][ps]["sent"] - up[w]) <= 256, (w, at_workers[w], at_ps)
+        assert abs(at_workers[w][ps]["received"] - down[w]) <= 256, (w, at_workers[w], at_ps)
     # The ps's own log says the same (give or take keepalive pings).
     for w in workers:
         assert logged[w][1] == pytest.approx(up[w], abs=2048), (logged, at_ps)
@@ -193,8 +196,8 @@ def test_parameter_servers_compressed_pushes_and_pulls(tmp_path):
     # fp32 would have moved the whole model each step, each way.
     fp32 = steps * summary["parameters"] * 4
     pushed, pulled = sum(up.values()), sum(down.values())
-    # The compressed payloads crossed; all the rest (function registration, each
-    # worker's first full pull, RPC framing) keeps the totals well below fp32's.
+    # The compressed payloads crossed, and with all else that did (each worker's first
+    # full pull, the RPCs' setup and framing) the totals stay well below fp32's.
     assert steps * summary["push_bytes_per_step"] <= pushed < fp32 / 5, (pushed, fp32)
     assert steps * summary["pull_bytes_per_step"] <= pulled < fp32 / 3, (pulled, fp32)
     print(f"\nps run: {trained - started:.1f} s to train, {time.monotonic() - started:.1f} s "
