@@ -40,7 +40,8 @@ pytestmark = [
     pytest.mark.cluster,
     pytest.mark.slow,
     pytest.mark.skipif(netem.emulation_unavailable() is not None,
-                       reason=str(netem.emulation_unavailable())),
+                       reason=f"each task needs a network namespace of its own, and "
+                              f"{netem.emulation_unavailable()}"),
 ]
 
 
