@@ -8,6 +8,7 @@ NIC would. The chief reaches them through one veth pair whose address is on a pr
 default route, so nothing leaves them. Everything is deleted on stop.
 """
 import ipaddress
+import json
 import os
 import random
 import re
@@ -39,8 +40,10 @@ def parse_rate(rate):
 
 
 def _run(cmd):
+    """Runs `cmd`; returns its stdout. Raises ClusterError with its stderr if it fails."""
     try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=30)
+        return subprocess.run(cmd, check=True, capture_output=True, text=True,
+                              timeout=30).stdout
     except subprocess.CalledProcessError as error:
         raise ClusterError(
             f"`{' '.join(cmd)}` failed ({error.returncode}): {error.stderr.strip()}"
@@ -113,6 +116,10 @@ class EmulatedNetwork:
     pushback from the senders' sockets its queue overflows, and every drop on a
     sub-millisecond RTT costs TCP a 200 ms retransmission timeout: the links would
     look several times slower than their rate.
+
+    A `tasks` list that names ("chief", 0) gives the chief a namespace of its own
+    too, as on a cluster of separate machines: `hosts` then maps it to that
+    namespace's address, and this namespace's link carries nothing of the cluster.
     """
 
     _count = 0
@@ -197,3 +204,24 @@ class EmulatedNetwork:
     def exec_prefix(self, task):
         """Command prefix that runs a program inside `task`'s namespace."""
         return ["ip", "netns", "exec", self.namespaces[task]]
+
+    def link_bytes(self, task):
+        """Bytes that crossed `task`'s link, from the kernel's counters of its interface.
+
+        Unlike socket counters (`ss`), these outlive the task's processes and
+        connections (its namespace keeps them until `teardown`), and they count every
+        packet the task sent or received: TCP/IP headers, handshakes, ARP and IPv6
+        neighbour discovery included.
+
+        Args:
+          task: (job, index) of a task of this network.
+
+        Returns:
+          {"sent": bytes, "received": bytes} of the task's eth0.
+
+        Raises:
+          ClusterError: `ip` failed.
+        """
+        out = _run(["ip", "-n", self.namespaces[task], "-s", "-j", "link", "show", "eth0"])
+        stats = json.loads(out)[0]["stats64"]
+        return {"sent": stats["tx"]["bytes"], "received": stats["rx"]["bytes"]}

@@ -188,19 +188,23 @@ def label_sockets(sockets, task_of_pid, task_addresses):
     return rows, unknown
 
 
-def task_traffic(tf_config=None):
-    """Bytes this process exchanged with each other task of its cluster, from `ss`.
+def task_traffic(tf_config=None, pid=None, netns=None):
+    """Bytes a task's process exchanged with each other task of its cluster, from `ss`.
 
     Call it inside a task (e.g. a MultiWorkerMirroredStrategy worker started by
     `LocalCluster.run_workers`) before and after a phase; the difference is exactly
     what that phase sent and received over TCP (TensorFlow keeps its connections open).
+    With `pid` and `netns` it reads another process's connections from outside, e.g.
+    a task that runs in a namespace of `netem.EmulatedNetwork` (root only).
 
     Args:
       tf_config: the cluster as a `TF_CONFIG` dict; default: `$TF_CONFIG`.
+      pid: the task's process; default: this process.
+      netns: the named network namespace that process runs in; default: this one.
 
     Returns:
       {(job, index): {"sent": bytes acknowledged by that task, "received": bytes
-      received from it}} over the open sockets of this process.
+      received from it}} over the open sockets of the process.
 
     Raises:
       ClusterError: no TF_CONFIG, or `ss` is missing.
@@ -217,7 +221,7 @@ def task_traffic(tf_config=None):
     # `ss` now and then lists a socket without its owner's pid; read again rather than
     # leave a connection out (which would add its whole history to a difference).
     for attempt in range(_ATTRIBUTION_ATTEMPTS):
-        traffic, unknown = _traffic_of(os.getpid(), tasks)
+        traffic, unknown = _traffic_of(os.getpid() if pid is None else pid, tasks, netns)
         if not unknown:
             return traffic
         time.sleep(0.05 * (attempt + 1))
@@ -229,9 +233,9 @@ def task_traffic(tf_config=None):
 _ATTRIBUTION_ATTEMPTS = 5
 
 
-def _traffic_of(me, tasks):
+def _traffic_of(me, tasks, netns=None):
     """({task: {"sent", "received"}}, [connections of a task address whose peer task is
-    unknown]) for process `me`, from one reading of `ss`.
+    unknown]) for process `me` (in namespace `netns`), from one reading of `ss`.
 
     A connection whose peer end is a task's address (this process dialled it) belongs to
     that task. One whose local end is a task's address (it dialled this process) belongs
@@ -242,11 +246,11 @@ def _traffic_of(me, tasks):
     unique = {h for h in hosts if sum(1 for t in tasks if t[0] == h) == 1}
     task_of_pid = {}
     if hosts - unique:
-        for s in ss_sockets(["-l"]):
+        for s in ss_sockets(["-l"], netns):
             for (host, port), task in tasks.items():
                 if port == s["local"][1] and s["pid"] is not None:
                     task_of_pid[s["pid"]] = task
-    sockets = ss_sockets(["-i", "state", "established"])
+    sockets = ss_sockets(["-i", "state", "established"], netns)
     owner = {(s["local"], s["peer"]): s["pid"] for s in sockets}
     traffic, unknown = {}, []
     for s in sockets:
