@@ -17,7 +17,7 @@ from tfgc.variables import compressed_pulls, get_variable
 register_tf_keras_optimizers()
 register_keras_optimizers()
 
-__version__ = "0.1.0"
+from tfgc._version import __version__  # the one version source
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
     "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers", "BoundedAdam", "cluster", "mqgrad",
