@@ -22,19 +22,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
-import tf_keras  # noqa: E402
+import tf_keras
 
-import tfgc  # noqa: E402
-import tfgc_ops  # noqa: E402
-from models import data, resnet  # noqa: E402
-from tfgc import memory  # noqa: E402
-import reference_ops as reference  # noqa: E402  (tests/reference_ops.py)
+import tfgc
+import tfgc_ops
+from models import data, resnet
+from tfgc import memory
+import reference_ops as reference  # tests/reference_ops.py
 
 NONZERO = np.array([reference.nonzero_count(b) for b in range(256)])
 

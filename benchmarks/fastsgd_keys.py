@@ -60,7 +60,7 @@ GET_DATA_HINT = (
     "falls back to synthetic data."
 )
 
-from models.arff import (  # noqa: E402,F401  (the reader; re-exported for the tests)
+from models.arff import (  # noqa: F401  (the reader; re-exported for the tests)
     ArffError, featurize, hash_token, load_documents, parse_arff, tokenize,
 )
 
