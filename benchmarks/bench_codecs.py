@@ -21,7 +21,7 @@ Both are reported in GB/s of float32 input (4 bytes per value), best of --repeat
 The probe is `tf.function(lambda x: x * 2.0, jit_compile=True)` over the same tensor,
 measured in the same process: the cost of one read and one fresh float32 write of this
 size. The ratio columns divide each codec's throughput by the probe's, which makes rows
-comparable across runs on a shared, noisy machine. The target (issue "every codec at
+comparable across runs on a shared, noisy machine. The target ("every codec at
 memory speed") is >= 1 GB/s per thread and >= 0.2x the probe, both ways.
 
 GradiVeQ is not in the table: it is stateful (PCA bases learnt from the layer's own
