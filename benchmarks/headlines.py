@@ -235,6 +235,17 @@ def entropy_headlines():
     return heads
 
 
+CODEC_DEMO = "benchmarks/data/codec_demo.csv"
+
+
+def codec_demo_headline():
+    rows = {r["codec"]: r for r in read_csv(CODEC_DEMO)}
+    ours = rows["3LC s=1.00"]
+    return Headline("codec-demo-3lc", f"{float(ours['bits_per_value']):.3f} bits/value "
+                    f"({float(ours['ratio']):.1f}x), error under feedback "
+                    f"{float(ours['feedback_error']):.3f}", [CODEC_DEMO], True)
+
+
 # --- raw outputs of the studies -----------------------------------------------------------
 
 PULL_LAG = "benchmarks/pull_lag.json"
@@ -338,7 +349,7 @@ def fuzz_headline():
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + accuracy_headlines() + wire_headlines() + entropy_headlines()
-            + [pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
+            + [codec_demo_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
             + gradiveq_headlines() + [fuzz_headline()])
 
 
