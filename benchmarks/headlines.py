@@ -246,6 +246,17 @@ def codec_demo_headline():
                     f"{float(ours['feedback_error']):.3f}", [CODEC_DEMO], True)
 
 
+BENCH_CODECS = "benchmarks/data/bench_codecs.json"
+
+
+def bench_codecs_headline():
+    data = read_json(BENCH_CODECS)
+    rows = data["rows"]
+    met = [r for r in rows if r["target_met"] == "yes"]
+    return Headline("bench-codecs", f"{len(met)} of {len(rows)} codecs met the target "
+                    f"(probe {data['probe_gbps']:.2f} GB/s)", [BENCH_CODECS], True)
+
+
 # --- raw outputs of the studies -----------------------------------------------------------
 
 PULL_LAG = "benchmarks/pull_lag.json"
@@ -349,7 +360,7 @@ def fuzz_headline():
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + accuracy_headlines() + wire_headlines() + entropy_headlines()
-            + [codec_demo_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
+            + [codec_demo_headline(), bench_codecs_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
             + gradiveq_headlines() + [fuzz_headline()])
 
 

@@ -2,11 +2,10 @@
 
     python -m benchmarks.plots [--out DIR]
 
-Each plot is written next to its data (or under --out). Only numpy and matplotlib: no
-TensorFlow. The plots whose runs' data was not kept (the ResNet-20 training curves
-threelc_ps_*.png, fastsgd_ps_reuters.png, and MQGrad's modelled-time studies
-mqgrad_experiment.png, mqgrad_long.png, mqgrad_variants.png) are not redrawn here; the
-results pages say so where they show them.
+Writes docs/results/plots/ (or --out). Only numpy and matplotlib: no TensorFlow. The
+plots there whose runs' data was not kept (the ResNet-20 training curves
+threelc_ps_*.png, MQGrad's modelled-time studies mqgrad_long.png and
+mqgrad_variants.png) are not redrawn; the results pages say so where they show them.
 """
 import argparse
 import glob
@@ -19,6 +18,7 @@ import numpy as np
 from benchmarks import headlines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PLOTS = os.path.join(os.path.dirname(HERE), "docs", "results", "plots")
 
 
 def _pyplot():
@@ -72,7 +72,7 @@ def mqgrad_measured(out):
     right.set_ylim(1.5, 8.5)
     right.legend(fontsize=8)
     fig.tight_layout()
-    path = os.path.join(out or HERE, "mqgrad_measured.png")
+    path = os.path.join(out, "mqgrad_measured.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -132,13 +132,12 @@ def gradiveq_figure5(json_path, png_path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="write every plot here (default: beside its data)")
+    parser.add_argument("--out", default=PLOTS, help="write the plots here (default: %(default)s)")
     args = parser.parse_args(argv)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
 
-    def target(relative):
-        return os.path.join(args.out, os.path.basename(relative)) if args.out else os.path.join(HERE, relative)
+    def target(name):
+        return os.path.join(args.out, name)
 
     written = [
         mqgrad_measured(args.out),
@@ -146,10 +145,10 @@ def main(argv=None):
                       "ResNet-20, 500 steps, GradiVeQ with the paper's settings (seed 0)"),
         gradiveq_figure5(os.path.join(HERE, "gradiveq_study.json"), target("gradiveq_fig5.png")),
         gradiveq_loss(os.path.join(HERE, "gradiveq_2000", "paper_s0.json"),
-                      target("gradiveq_2000/loss_paper_s0.png"),
+                      target("gradiveq_2000_loss_paper_s0.png"),
                       "ResNet-20, 2,000 steps, the paper's settings (L_c = 400, seed 0)"),
         gradiveq_loss(os.path.join(HERE, "gradiveq_2000", "uncentred_lc100_s2.json"),
-                      target("gradiveq_2000/loss_uncentred_lc100_s2.png"),
+                      target("gradiveq_2000_loss_uncentred_lc100_s2.png"),
                       "ResNet-20, 2,000 steps, without the mean, L_c = 100 (seed 2)"),
     ]
     for path in written:
