@@ -25,12 +25,13 @@ apt-index:
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq || echo "note: no apt package index; real datasets from Debian packages will be unavailable"; }
 
 # The main job: a 1-PS/2-worker cluster on 127.0.0.1 trains ResNet-20 without and with
-# ThreeLC (a few minutes on 2 cores); table and plot in runs/demo.
+# ThreeLC (a few minutes on 2 cores); table and plot in runs/demo. TensorFlow's C++
+# start-up logs are quiet unless TF_CPP_MIN_LOG_LEVEL is set.
 demo: install apt-index
-	$(PY) -m models.cluster_demo --out runs/demo
+	TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL-2} $(PY) -m models.cluster_demo --out runs/demo
 
 codec-demo: install apt-index
-	$(PY) -m models.codec_demo
+	TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL-2} $(PY) -m models.codec_demo
 
 # Debian packages the suite reads (the Reuters documents in weka), fetched into the
 # cache while the package registry can still be reached.

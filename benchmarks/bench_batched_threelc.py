@@ -15,10 +15,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-import tfgc  # noqa: E402
-from models import resnet  # noqa: E402
+import tfgc
+from models import resnet
 
 
 def mean_ms(fn, *args, calls=50):

@@ -21,13 +21,14 @@ Both are reported in GB/s of float32 input (4 bytes per value), best of --repeat
 The probe is `tf.function(lambda x: x * 2.0, jit_compile=True)` over the same tensor,
 measured in the same process: the cost of one read and one fresh float32 write of this
 size. The ratio columns divide each codec's throughput by the probe's, which makes rows
-comparable across runs on a shared, noisy machine. The target (issue "every codec at
+comparable across runs on a shared, noisy machine. The target ("every codec at
 memory speed") is >= 1 GB/s per thread and >= 0.2x the probe, both ways.
 
 GradiVeQ is not in the table: it is stateful (PCA bases learnt from the layer's own
 gradients, per slice) and its cost is measured in benchmarks/gradiveq_study.py.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -71,6 +72,7 @@ def parse_args():
     parser.add_argument("--repeats", type=int, default=5, help="timed samples per figure")
     parser.add_argument("--only", default=None,
                         help="comma-separated labels to measure (default: all)")
+    parser.add_argument("--out", default=None, help="also write the table to this JSON file")
     return parser.parse_args()
 
 
@@ -130,6 +132,16 @@ def main():
     missed = [row[0] for row in rows if row[-1] == "no"]
     print(f"\n{len(rows) - len(missed)} of {len(rows)} codecs meet the target"
           + (f"; not: {', '.join(missed)}" if missed else ""))
+    if args.out:
+        keys = ("codec", "bits_per_value", "encode_gbps", "decode_gbps", "encode_over_probe",
+                "decode_over_probe", "target_met")
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "probe_gbps": probe_gbps,
+                       "target_gbps_per_thread": TARGET_GBPS,
+                       "target_probe_ratio": TARGET_PROBE_RATIO,
+                       "rows": [dict(zip(keys, row)) for row in rows]}, f, indent=1)
+            f.write("\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

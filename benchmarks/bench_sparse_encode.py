@@ -21,12 +21,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The reference models (`models`) live beside the package, at the repository root.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import tfgc  # noqa: E402
-from models import data as data_lib  # noqa: E402
-from models import sparse_models  # noqa: E402
+import tfgc
+from models import data as data_lib
+from models import sparse_models
 
 
 def gradient_of(model, loss, x, y):

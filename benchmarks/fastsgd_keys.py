@@ -15,7 +15,7 @@ per present word (--features binary). The class attribute is the label.
 A logistic regression (one tf.Variable w of shape [D] plus a bias) is trained for --steps
 minibatches of --batch documents (shuffled epochs, plain SGD or Adam). The gradient of w
 is taken through tf.gather, so it is a tf.IndexedSlices: only the features present in the
-batch are non-zero (no L2 term, which would make it dense; see FASTSGD_KEYS.md). Each
+batch are non-zero (no L2 term, which would make it dense; see docs/results/fastsgd.md). Each
 step's weight gradient is encoded with tfgc.codecs.FastSGD(base, threshold, flag_bits=l)
 for every l in --flag-bits, and the script records per step and l:
 
@@ -60,7 +60,7 @@ GET_DATA_HINT = (
     "falls back to synthetic data."
 )
 
-from models.arff import (  # noqa: E402,F401  (the reader; re-exported for the tests)
+from models.arff import (  # noqa: F401  (the reader; re-exported for the tests)
     ArffError, featurize, hash_token, load_documents, parse_arff, tokenize,
 )
 

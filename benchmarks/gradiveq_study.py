@@ -30,12 +30,12 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
+import numpy as np
+import tensorflow as tf
+import tf_keras
 
-import tfgc  # noqa: E402
-from tfgc.codecs.gradiveq import GradiVeQ  # noqa: E402
+import tfgc
+from tfgc.codecs.gradiveq import GradiVeQ
 
 
 def parse_args(argv=None):

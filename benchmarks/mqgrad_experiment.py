@@ -44,15 +44,15 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
+import numpy as np
+import tensorflow as tf
+import tf_keras
 
-import tfgc  # noqa: E402
-from models.train_args import parse_compression  # noqa: E402
-from tfgc import cluster as cluster_lib  # noqa: E402
-from tfgc import mqgrad  # noqa: E402
-from tfgc.wire.message import fused_nbytes  # noqa: E402
+import tfgc
+from models.train_args import parse_compression
+from tfgc import cluster as cluster_lib
+from tfgc import mqgrad
+from tfgc.wire.message import fused_nbytes
 
 METHODS = ("Fix(2)", "Fix(4)", "Fix(8)", "Adaptive", "MQGrad")
 FIXED_BITS = re.compile(r"Fix\([2-8]\)")  # any fixed width, e.g. Fix(3), beside the paper's

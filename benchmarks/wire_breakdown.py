@@ -272,7 +272,7 @@ def main(argv=None):
                "--pull-compression", pull, "--out", os.path.join(out, "run"),
                "--timeout", str(args.timeout)]
     print("[wire_breakdown]", " ".join(command[1:]), flush=True)
-    log = open(os.path.join(out, "train.log"), "w")  # noqa: SIM115 (the run's whole life)
+    log = open(os.path.join(out, "train.log"), "w")  # the run's whole life
     run = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                            start_new_session=True)
     try:

@@ -13,12 +13,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402  (the tutorial's tf.keras)
-from sklearn.datasets import load_digits  # noqa: E402
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras  # the tutorial's tf.keras
+from sklearn.datasets import load_digits
 
-import tfgc  # noqa: E402  # tfgc
+import tfgc  # tfgc
 
 
 def main(argv=None):

@@ -20,14 +20,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402  (the guide's tf.keras)
-from sklearn.datasets import load_digits  # noqa: E402
-from tf_keras import layers  # noqa: E402
-from tf_keras import mixed_precision  # noqa: E402
+import tensorflow as tf
+import tf_keras as keras  # the guide's tf.keras
+from sklearn.datasets import load_digits
+from tf_keras import layers
+from tf_keras import mixed_precision
 
-import tfgc  # noqa: E402  # tfgc
+import tfgc  # tfgc
 
 
 def main(argv=None):

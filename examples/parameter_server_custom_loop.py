@@ -23,12 +23,12 @@ import random
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402  (the tutorial's tf.keras)
+import numpy as np
+import tensorflow as tf
+import tf_keras  # the tutorial's tf.keras
 
-import tfgc  # noqa: E402  # tfgc
-from tfgc import cluster  # noqa: E402  # tfgc
+import tfgc  # tfgc
+from tfgc import cluster  # tfgc
 
 
 def main(argv=None):
@@ -57,7 +57,7 @@ def main(argv=None):
     return 0
 
 
-def tutorial(cluster_resolver, NUM_PS, args):  # noqa: N803 (the tutorial's name)
+def tutorial(cluster_resolver, NUM_PS, args):  # the tutorial's name
     """The tutorial's custom training loop, from its strategy on.
 
     Returns:

@@ -14,11 +14,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402  (the tutorial's tf.keras)
+import tensorflow as tf
+import tf_keras as keras  # the tutorial's tf.keras
 
-import tfgc  # noqa: E402  # tfgc
-from tfgc import cluster  # noqa: E402  # tfgc
+import tfgc  # tfgc
+from tfgc import cluster  # tfgc
 
 
 def main(argv=None):

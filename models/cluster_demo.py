@@ -30,6 +30,10 @@ import subprocess
 import sys
 import time
 
+# TensorFlow's C++ start-up logs (hundreds of lines per task) hide the table; the runs and
+# their cluster tasks inherit this. A value the user set is kept.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 DEFAULT_COMPRESSIONS = ("none", "threelc:sparsity=1.0")
 
 

@@ -20,10 +20,10 @@ import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import tfgc  # noqa: E402
+import tfgc
 
 DATASET_NOTE = "scikit-learn digits (1797 real 8x8 images, bundled with scikit-learn)"
 

@@ -71,12 +71,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from models import data as data_lib  # noqa: E402
-from models import divergence, supervise, workloads  # noqa: E402
-from models.recorder import HISTORY_FIELDS, recorder_classes  # noqa: E402
-from models.train_args import (  # noqa: E402
+from models import data as data_lib
+from models import divergence, supervise, workloads
+from models.recorder import HISTORY_FIELDS, recorder_classes
+from models.train_args import (
     build_parser, parse_agent_arguments, parse_compression)
 
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends

@@ -2,13 +2,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import subprocess
+import sys
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-import cluster_scripts  # noqa: E402
+import cluster_scripts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +18,7 @@ def scratch_temp_dir(tmp_path_factory):
     """Temporary files of the session (cluster log directories, TensorFlow's autograph
     sources), this process's and its children's, go under pytest's base temp directory,
     which pytest prunes (it keeps the last three runs), instead of piling up in /tmp."""
-    import tempfile  # noqa: PLC0415
+    import tempfile
 
     scratch = str(tmp_path_factory.mktemp("scratch"))
     previous_env, previous_dir = os.environ.get("TMPDIR"), tempfile.tempdir

@@ -19,8 +19,8 @@ import traceback
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 ROWS, COLS = 256, 128  # the compressed kernel (32k values); plus a bias
 # Under parameter servers, where the sockets are read: a 262k-parameter kernel.
@@ -51,7 +51,7 @@ def make_strategy(name):
     if name == "mirrored":
         return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     if name == "mwms":
-        return tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(  # noqa: SLF001
+        return tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(
             ["/cpu:0", "/cpu:1"])
     raise ValueError(name)
 
@@ -232,7 +232,7 @@ def main_ps(out_dir):
 def report(cell, run):
     try:
         result = run()
-    except Exception as error:  # noqa: BLE001 (the cell's outcome is its error)
+    except Exception as error:  # the cell's outcome is its error
         result = {"outcome": "error", "type": type(error).__name__,
                   "message": str(error)[-1500:], "where": traceback.format_exc()[-3000:]}
     result["cell"] = cell

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
-from tfgc.codecs import base, validation
+from tfgc.codecs import validation
 
 C = tfgc.codecs
 

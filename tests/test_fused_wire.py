@@ -136,7 +136,7 @@ def test_compressed_pulls_cost_one_message_per_step(run_report):
     # Every weight is pulled (the kernels with ThreeLC, the biases as float16) in one
     # message per step, and the server's part of each step reaches the masters and
     # slots by name (tfgc.server_variables), so nothing crosses per variable: both
-    # directions carry their payload and a fixed cost, the fused-wire issue's bound.
+    # directions carry their payload and a fixed cost, within the bound asserted below.
     report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"])
     push, pull = report["sent"] / STEPS, report["received"] / STEPS
     push_payload, pull_payload = report["payload"] / STEPS, report["pull_payload"] / STEPS

@@ -210,8 +210,8 @@ def test_parameter_server_decodes_pushes_and_workers_cache_the_compressor(run_py
     # Two refreshes when pushes arrive in the phase they were encoded in. Under
     # asynchronous PSS a stale push that lands in a sampling phase is not a sample (the
     # phase runs longer: one refresh); the PS advances the schedule one push at a time,
-    # so two decodes at once cannot both end a sampling phase (no third refresh, which
-    # fresh-clone runs saw before that lock, with up to 4).
+    # so two decodes at once cannot both end a sampling phase (no third refresh; without
+    # that lock runs saw up to 4).
     assert result["steps"] == 30 and 1 <= result["refreshes"] <= 2
     # 3 fp32 warm-up pushes, 8 QSGD pushes (1/8), the rest d/K: the payloads are far
     # below 30 fp32 pushes, and so are the sockets' bytes (payloads + RPC overhead).

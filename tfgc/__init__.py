@@ -5,6 +5,7 @@ parameter server included, can run the decode ops.
 """
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
+from tfgc._version import __version__ as __version__  # the one version source
 from tfgc.memory import ErrorFeedback
 from tfgc.optimizer import (
     DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
@@ -17,7 +18,6 @@ from tfgc.pulls import compressed_pulls, get_variable
 register_tf_keras_optimizers()
 register_keras_optimizers()
 
-__version__ = "0.1.0"
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
     "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers", "BoundedAdam", "cluster", "mqgrad",

@@ -89,7 +89,7 @@ class GradiVeQ(base.Codec):
         paper's decode adds the sampling phase's mean gradient to every compressed
         step's; that mean goes stale over L_c steps, and its part outside U_d's span
         is a constant push in a past direction. Without it ResNet-20 trained
-        markedly better at 2,000 steps (`benchmarks/GRADIVEQ_RESULTS.md`).
+        markedly better at 2,000 steps (`docs/results/gradiveq.md`).
       pool_slices: PCA over every slice of a group at each sampling step (s * L_t
         samples) instead of the group's first slice only (the paper's, False). The
         slices share one compressor (the paper's spatial consistency, Fig. 5); pooling
@@ -98,7 +98,7 @@ class GradiVeQ(base.Codec):
 
     Use with `tfgc.DistributedOptimizer(..., error_feedback=False)`: under error
     feedback the part of each gradient outside U_d's span is never sent, so the residual
-    grows without bound and training diverged in `benchmarks/GRADIVEQ_RESULTS.md`
+    grows without bound and training diverged in `docs/results/gradiveq.md`
     (under Mirrored/MultiWorkerMirroredStrategy the codec owns the aggregation and error
     feedback is not applied anyway).
     """

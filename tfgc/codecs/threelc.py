@@ -8,9 +8,9 @@ quartic encoding and zero-run encoding.
 Quantization and quartic folding run in one pass of a C++ op (`tfgc_ops.quartic_fold`,
 after `largest_magnitude`), and so do unfolding and scaling (`quartic_unfold`); the
 zero-run coder is a third. `coder="entropy"` replaces zero-run encoding by rANS coding
-of the same quartic bytes (another C++ op): the decoded values are the same, and on
-ResNet-20's gradients under error feedback the messages took 1.91x (s = 1) and 2.44x
-(s = 1.75) fewer bytes in total.
+of the same quartic bytes (another C++ op): the decoded values are the same, the total
+bytes 1.86-1.91x (s = 1) and 2.18-2.44x (s = 1.75) fewer than zero-run encoding's on
+ResNet-20's gradients under error feedback, in two runs (docs/results/codecs.md).
 """
 from typing import Optional, Sequence
 

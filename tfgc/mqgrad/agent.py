@@ -115,7 +115,7 @@ class MQGradAgent(_compat.Trackable):
     Two options go beyond the paper, and are on by default: with them MQGrad reached
     each loss target before the paper's fixed widths (2, 4 and 8 bits) in 3 to 5 of 5
     seeds of a study, where the paper's agent drifted to 7-8 bits and took 1.1-1.5x as
-    long; a fixed 3 bits was faster than either (benchmarks/MQGRAD_RESULTS.md).
+    long; a fixed 3 bits was faster than either (docs/results/mqgrad.md).
     `reward_normalization="none", epsilon_decay=1.0` is the paper's agent:
 
     * `reward_normalization="rms"` divides each reward by the root mean square of all

@@ -5,7 +5,7 @@ server, compressed or not: tf_keras's Adam updates m, v and the variable with se
 ops. With sparse gradients a row can be read with m already holding another worker's
 gradient and v still 0; it then moves by lr * m / epsilon, ~10^4 normal steps at
 epsilon 1e-8. In 400-step runs of the Reuters workload with 2 workers about 1 run in 4
-trained visibly worse (`benchmarks/FASTSGD_KEYS.md`). `BoundedAdam` takes exactly
+trained visibly worse (`docs/results/fastsgd.md`). `BoundedAdam` takes exactly
 Adam's steps when they come one at a time and caps each weight's step at what a
 consistent state allows.
 

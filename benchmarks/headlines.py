@@ -1,0 +1,375 @@
+"""Re-derives every headline number of docs/results/ from the data committed in benchmarks/.
+
+    python -m benchmarks.headlines
+
+prints one line per headline: its id, its value, and the files it was computed from.
+Two kinds of source: raw output (JSON written by the benchmark itself, in benchmarks/) and
+recorded tables (CSV in benchmarks/recorded/, transcribed from what a command printed
+when its raw output was not kept; each CSV says so in its header). The values are the
+strings docs/results/index.md shows; tests/test_headlines.py checks that they agree.
+
+Only numpy and the standard library: no TensorFlow, so it runs in a second.
+"""
+import csv
+import dataclasses
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# Emulated link rates of models.cluster_demo, in bytes per second (tc tbf on what each task
+# sends: the parameter server's pulls to both workers share its one egress).
+LINK_BYTES_PER_S = {"100mbit": 100e6 / 8, "10mbit": 10e6 / 8}
+# Targets set for the demo's step-time speedup over fp32 on each link, and for the entropy
+# coder's bytes against zero-run encoding at s = 1.75.
+SPEEDUP_TARGETS = {"100mbit": 3.0, "10mbit": 15.0}
+ENTROPY_TARGET_AT_175 = 3.0
+THREELC = "threelc:sparsity=1.0"
+THREELC_175 = "threelc:sparsity=1.75,coder=entropy"
+
+
+@dataclasses.dataclass
+class Headline:
+    """One headline number: `value` is the string docs/results/index.md shows."""
+
+    id: str
+    value: str
+    sources: list
+    raw: bool  # True: raw output; False: a recorded table (raw output not kept)
+
+
+def _path(relative):
+    return os.path.join(ROOT, relative)
+
+
+def read_csv(relative):
+    """Rows of a CSV in the repository, skipping its leading '#' comment lines."""
+    with open(_path(relative), newline="") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def read_json(relative):
+    with open(_path(relative)) as f:
+        return json.load(f)
+
+
+def _x(value):
+    return f"{value:.1f}x"
+
+
+def _span(values, fmt=_x):
+    """'a-b' of the smallest and largest value, or one value."""
+    low, high = fmt(min(values)), fmt(max(values))
+    return low if low == high else f"{low[:-1] if low.endswith('x') else low}-{high}"
+
+
+def _percent(share):
+    return f"{100 * share:.0f}%"
+
+
+def _points(value):
+    return f"{value:+.2f}".replace("+0.00", "0.00")
+
+
+def _verdict(measured, target):
+    return "met" if measured >= target else "missed"
+
+
+# --- the demo on emulated links (recorded) ---------------------------------------------
+
+DEMO = "benchmarks/recorded/demo_links.csv"
+
+
+def _demo_runs(series):
+    """{run: {(link, compression): row}} of one series of demo_links.csv."""
+    runs = {}
+    for row in read_csv(DEMO):
+        if row["series"] == series:
+            runs.setdefault(row["run"], {})[(row["link"], row["compression"])] = row
+    return runs
+
+
+def link_bounds(rows, link):
+    """Speedup, fp32's compute bound, the server-egress bound and ThreeLC's egress use.
+
+    The speedup is fp32's mean step on the link over ThreeLC's. fp32's compute bound is
+    fp32's step on the link over its own step on loopback (what a free link would give).
+    The egress bound: every worker step pulls `pull_mb_per_step` through the parameter
+    server's one shaped egress, so the cluster cannot step faster than those bytes take at
+    the link's rate; fp32's step over that time is the most the link allows. The step
+    times are the cluster's (all workers' steps together), as are the pulled bytes per step.
+    """
+    fp32, ours = rows[(link, "none")], rows[(link, THREELC)]
+    fp32_loopback = rows[("loopback", "none")]
+    rate = LINK_BYTES_PER_S[link]
+    pull_bytes = float(ours["pull_mb_per_step"]) * 1e6
+    egress_step = pull_bytes / rate
+    return {
+        "speedup": float(fp32["step_s"]) / float(ours["step_s"]),
+        "compute_bound": float(fp32["step_s"]) / float(fp32_loopback["step_s"]),
+        "link_bound": float(fp32["step_s"]) / egress_step,
+        "egress_use": pull_bytes / float(ours["step_s"]) / rate,
+    }
+
+
+def demo_headlines():
+    heads = []
+    runs = _demo_runs("600-100mbit")
+    push = [float(r[(link, THREELC)]["push_socket_ratio"]) for r in runs.values()
+            for link in ("loopback", "100mbit")]
+    pull = [float(r[(link, THREELC)]["pull_socket_ratio"]) for r in runs.values()
+            for link in ("loopback", "100mbit")]
+    heads.append(Headline("demo-sockets", f"{_span(push)} push, {_span(pull)} pull",
+                          [DEMO], False))
+    bounds = [link_bounds(runs[run], "100mbit") for run in sorted(runs)]
+    speedups = [b["speedup"] for b in bounds]
+    heads.append(Headline(
+        "demo-100mbit",
+        f"{' and '.join(_x(s) for s in speedups)}; target 3x "
+        f"{_verdict(max(speedups), SPEEDUP_TARGETS['100mbit'])}; fp32's compute bound "
+        f"{' and '.join(_x(b['compute_bound']) for b in bounds)}", [DEMO], False))
+    runs = _demo_runs("120-10mbit")
+    bounds = [link_bounds(runs[run], "10mbit") for run in sorted(runs)]
+    speedups = [b["speedup"] for b in bounds]
+    heads.append(Headline(
+        "demo-10mbit",
+        f"{' and '.join(_x(s) for s in speedups)}; target 15x "
+        f"{_verdict(max(speedups), SPEEDUP_TARGETS['10mbit'])}; fp32's compute bound "
+        f"{' and '.join(_x(b['compute_bound']) for b in bounds)}", [DEMO], False))
+    heads.append(Headline(
+        "demo-10mbit-link",
+        f"{' and '.join(_x(b['link_bound']) for b in bounds)}; ThreeLC used "
+        f"{' and '.join(_percent(b['egress_use']) for b in bounds)} of the server's egress",
+        [DEMO], False))
+    return heads
+
+
+# --- accuracy of longer runs (recorded) ------------------------------------------------
+
+LONG = "benchmarks/recorded/long_runs.csv"
+
+
+def accuracy_gaps(epochs, compression, pulls):
+    """{seed: points against fp32 of the same seed and length}."""
+    rows = read_csv(LONG)
+    fp32 = {r["seed"]: float(r["test_acc"]) for r in rows
+            if r["epochs"] == str(epochs) and r["compression"] == "none"}
+    return {r["seed"]: 100 * (float(r["test_acc"]) - fp32[r["seed"]]) for r in rows
+            if r["epochs"] == str(epochs) and r["compression"] == compression
+            and r["pulls"] == pulls}
+
+
+def _mean_gap(epochs, compression, pulls):
+    gaps = accuracy_gaps(epochs, compression, pulls)
+    return f"{_points(np.mean(list(gaps.values())))} ({len(gaps)} seed{'s' * (len(gaps) > 1)})"
+
+
+def accuracy_headlines():
+    return [
+        Headline("accuracy-s1", f"{_mean_gap(2, THREELC, 'threelc')} both ways; "
+                 f"{_mean_gap(2, THREELC, 'fp32')} pushes only", [LONG], False),
+        Headline("accuracy-s175",
+                 f"{_mean_gap(2, THREELC_175, 'threelc')} at 2 epochs, "
+                 f"{_mean_gap(6, THREELC_175, 'threelc')} at 6, "
+                 f"{_mean_gap(12, THREELC_175, 'threelc')} at 12; "
+                 f"{_mean_gap(2, THREELC_175, 'fp32')} pushes only at 2", [LONG], False),
+    ]
+
+
+# --- what crosses per step (recorded) ---------------------------------------------------
+
+WIRE = "benchmarks/recorded/wire_breakdown.csv"
+
+
+def wire_headlines():
+    rows = {(r["model"], r["compression"], r["direction"]): int(r["bytes_per_step"])
+            for r in read_csv(WIRE)}
+    heads = []
+    for model in ("resnet20", "resnet56"):
+        ratio = {d: rows[(model, "none", d)] / rows[(model, THREELC, d)] for d in ("push", "pull")}
+        heads.append(Headline(f"wire-{model}", f"{_x(ratio['push'])} push, {_x(ratio['pull'])} pull",
+                              [WIRE], False))
+    return heads
+
+
+# --- the entropy coder -------------------------------------------------------------------
+
+ENTROPY_RAW = "benchmarks/data/entropy_coder.json"
+ENTROPY_RECORDED = "benchmarks/recorded/entropy_coder.csv"
+
+
+def entropy_ratios():
+    """{sparsity: (ratio of total bytes, mean of per-message ratios or None)} and sources."""
+    if os.path.exists(_path(ENTROPY_RAW)):
+        data = read_json(ENTROPY_RAW)
+        out = {}
+        for row in data["bytes"]:
+            zre, ent = np.array(row["zero_run_bytes"]), np.array(row["entropy_bytes"])
+            out[row["sparsity"]] = (zre.sum() / ent.sum(), float(np.mean(zre / ent)))
+        return out, [ENTROPY_RAW], True
+    # Equal message counts per row: the ratio of the mean bytes is the ratio of the totals.
+    return ({float(r["sparsity"]): (float(r["zero_run_bytes"]) / float(r["entropy_bytes"]),
+                                    float(r["recorded_mean_of_ratios"]))
+             for r in read_csv(ENTROPY_RECORDED)}, [ENTROPY_RECORDED], False)
+
+
+def entropy_headlines():
+    heads = []
+    recorded = {float(r["sparsity"]): float(r["zero_run_bytes"]) / float(r["entropy_bytes"])
+                for r in read_csv(ENTROPY_RECORDED)}
+    heads.append(Headline(
+        "entropy-coder-2026-11-25",
+        f"{recorded[1.0]:.2f}x (s=1.0), {recorded[1.75]:.2f}x (s=1.75); target 3x at s=1.75 "
+        f"{_verdict(recorded[1.75], ENTROPY_TARGET_AT_175)}", [ENTROPY_RECORDED], False))
+    if os.path.exists(_path(ENTROPY_RAW)):
+        ratios, sources, raw = entropy_ratios()
+        heads.append(Headline(
+            "entropy-coder",
+            f"{ratios[1.0][0]:.2f}x (s=1.0), {ratios[1.75][0]:.2f}x (s=1.75); target 3x at "
+            f"s=1.75 {_verdict(ratios[1.75][0], ENTROPY_TARGET_AT_175)}", sources, raw))
+    return heads
+
+
+CODEC_DEMO = "benchmarks/data/codec_demo.csv"
+
+
+def codec_demo_headline():
+    rows = {r["codec"]: r for r in read_csv(CODEC_DEMO)}
+    ours = rows["3LC s=1.00"]
+    return Headline("codec-demo-3lc", f"{float(ours['bits_per_value']):.3f} bits/value "
+                    f"({float(ours['ratio']):.1f}x), error under feedback "
+                    f"{float(ours['feedback_error']):.3f}", [CODEC_DEMO], True)
+
+
+BENCH_CODECS = "benchmarks/data/bench_codecs.json"
+
+
+def bench_codecs_headline():
+    data = read_json(BENCH_CODECS)
+    rows = data["rows"]
+    met = [r for r in rows if r["target_met"] == "yes"]
+    return Headline("bench-codecs", f"{len(met)} of {len(rows)} codecs met the target "
+                    f"(probe {data['probe_gbps']:.2f} GB/s)", [BENCH_CODECS], True)
+
+
+# --- raw outputs of the studies -----------------------------------------------------------
+
+PULL_LAG = "benchmarks/pull_lag.json"
+FASTSGD_KEYS = "benchmarks/data/fastsgd_keys_reuters_corn.json"
+FASTSGD_PS = "benchmarks/recorded/fastsgd_ps.csv"
+MQGRAD = "benchmarks/mqgrad_measured"
+GRADIVEQ = "benchmarks/gradiveq_2000"
+FUZZ = "benchmarks/recorded/fuzz.csv"
+
+
+def pull_lag_headline():
+    runs = {r["sparsity"]: r for r in read_json(PULL_LAG)["runs"]}
+    return Headline("pull-lag", f"{runs[1.0]['mean_lag_second_half']:.1f} steps (s=1.0) to "
+                    f"{runs[1.75]['mean_lag_second_half']:.1f} (s=1.75)", [PULL_LAG], True)
+
+
+def fastsgd_headlines():
+    rows = {r["flag_bits"]: r for r in read_json(FASTSGD_KEYS)["summary"]["rows"]}
+    ps = {r["push"]: r for r in read_csv(FASTSGD_PS)}
+    ratio = (int(ps["fp32 plain reads"]["worker_to_ps_bytes_per_step"])
+             / int(ps["fastsgd:threshold=100"]["worker_to_ps_bytes_per_step"]))
+    return [Headline("fastsgd-keys", f"{rows[2]['bits_per_key']:.2f} bits/key at l=2",
+                     [FASTSGD_KEYS], True),
+            Headline("fastsgd-ps", f"{ratio:.2f}x fewer worker->PS bytes", [FASTSGD_PS], False)]
+
+
+def _ema(values, alpha=0.05):
+    out, last = [], values[0]
+    for v in values:
+        last = alpha * v + (1 - alpha) * last
+        out.append(last)
+    return np.array(out)
+
+
+def _time_to(run, level):
+    """Measured time at which the run's loss EMA first reaches `level` (inf if never), as
+    benchmarks/mqgrad_experiment.py computes it (losses after a divergence do not count)."""
+    losses = np.array(run["loss"], np.float64)
+    bad = np.nonzero(~np.isfinite(losses) | (losses < 0) | (losses > 1e6))[0]
+    if bad.size:
+        losses[bad[0]:] = np.nan
+    below = np.nonzero(_ema(losses) <= level)[0]
+    return run["time_s"][below[0]] if below.size else float("inf")
+
+
+def mqgrad_headline():
+    files = sorted(glob.glob(os.path.join(_path(MQGRAD), "*.json")))
+    runs = [r for f in files for r in json.load(open(f))["results"]]
+    levels = read_json(os.path.relpath(files[0], ROOT))["args"]["loss_targets"]
+    first, pairs = {}, 0
+    for level in levels:
+        for seed in sorted({r["seed"] for r in runs}):
+            times = {r["method"]: _time_to(r, level) for r in runs if r["seed"] == seed}
+            if np.isfinite(min(times.values())):
+                pairs += 1
+                winner = min(times, key=times.get)
+                first[winner] = first.get(winner, 0) + 1
+    best = max(first, key=first.get)
+    bits = np.mean([np.mean(r["bits"]) for r in runs if r["method"] == "MQGrad"])
+    return Headline("mqgrad-10mbit", f"{best} first in {first[best]} of {pairs} seed-target "
+                    f"pairs; MQGrad averaged {bits:.2f} bits", [MQGRAD + "/"], True)
+
+
+def _gradiveq_runs(pattern):
+    """{seed: (GradiVeQ accuracy, bytes ratio)} of the 2,000-step runs matching `pattern`,
+    and {seed: the uncompressed run's accuracy} from whichever file holds it."""
+    ours, uncompressed = {}, {}
+    for path in sorted(glob.glob(os.path.join(_path(GRADIVEQ), "*.json"))):
+        data = json.load(open(path))
+        seed, accuracy = data["args"]["seed"], data["accuracy"]
+        if isinstance(accuracy, dict):
+            uncompressed[seed] = accuracy["uncompressed"]
+        if os.path.basename(path).startswith(pattern):
+            traffic = data["traffic"]
+            ours[seed] = (accuracy["gradiveq"] if isinstance(accuracy, dict) else accuracy,
+                          traffic["push_dense_bytes"] / traffic["push_bytes"])
+    return ours, uncompressed
+
+
+def gradiveq_headlines():
+    heads = []
+    for name, pattern in (("gradiveq-uncentred", "uncentred_lc100_"), ("gradiveq-pooled", "pooled_s")):
+        ours, uncompressed = _gradiveq_runs(pattern)
+        gaps = [100 * (ours[s][0] - uncompressed[s]) for s in sorted(ours)]
+        ratios = [ours[s][1] for s in ours]
+        heads.append(Headline(
+            name, f"{_span(ratios, lambda v: f'{v:.2f}x')} fewer bytes; {_points(np.mean(gaps))} "
+            f"points mean, {_points(np.median(gaps))} median ({len(gaps)} seeds)",
+            [GRADIVEQ + "/"], True))
+    return heads
+
+
+def fuzz_headline():
+    rows = read_csv(FUZZ)
+    execs = sum(int(r["execs"]) for r in rows)
+    crashes = sum(int(r["crashes"]) for r in rows)
+    return Headline("fuzz", f"{len(rows)} targets, {execs / 1e6:.1f}M executions, "
+                    f"{crashes} crashes", [FUZZ], False)
+
+
+def compute():
+    """Every headline, in the order of docs/results/index.md."""
+    return (demo_headlines() + accuracy_headlines() + wire_headlines() + entropy_headlines()
+            + [codec_demo_headline(), bench_codecs_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
+            + gradiveq_headlines() + [fuzz_headline()])
+
+
+def main(argv=None):
+    for head in compute():
+        kind = "raw output" if head.raw else "recorded table, raw output not kept"
+        print(f"{head.id}: {head.value}\n    from {', '.join(head.sources)} ({kind})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""docs/results/index.md shows what `python -m benchmarks.headlines` derives from the
+committed data, headline for headline, and every page's data files exist."""
+import os
+import re
+import subprocess
+import sys
+
+from benchmarks import headlines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "results")
+# A row of the index's headline table: | `id` | what | value | raw or recorded |
+ROW = re.compile(r"^\| `([\w.-]+)` \| .* \| ([^|]+) \| (raw|recorded) \|$")
+
+
+def index_rows():
+    with open(os.path.join(RESULTS, "index.md")) as f:
+        return {m.group(1): (m.group(2).strip(), m.group(3))
+                for m in map(ROW.match, f.read().splitlines()) if m}
+
+
+def test_index_shows_the_derived_headlines():
+    rows = index_rows()
+    derived = headlines.compute()
+    assert sorted(rows) == sorted(h.id for h in derived), "headlines and index rows differ"
+    for head in derived:
+        value, kind = rows[head.id]
+        assert value == head.value, f"{head.id}: index shows {value!r}, data gives {head.value!r}"
+        assert kind == ("raw" if head.raw else "recorded"), head.id
+        for source in head.sources:
+            assert os.path.exists(os.path.join(ROOT, source)), source
+
+
+def test_the_command_prints_every_headline():
+    result = subprocess.run([sys.executable, "-m", "benchmarks.headlines"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, check=True)
+    for head in headlines.compute():
+        assert f"{head.id}: {head.value}\n" in result.stdout, head.id
+
+
+def test_pages_name_data_and_plots_that_exist():
+    missing = []
+    for name in sorted(os.listdir(RESULTS)):
+        if not name.endswith(".md"):
+            continue
+        with open(os.path.join(RESULTS, name)) as f:
+            text = f.read()
+        for path in re.findall(r"`(benchmarks/(?:data|recorded)/[\w./-]+)`", text):
+            if not os.path.exists(os.path.join(ROOT, path)):
+                missing.append(f"{name}: {path}")
+        for path in re.findall(r"\]\((plots/[\w.-]+\.png)\)", text):
+            if not os.path.exists(os.path.join(RESULTS, path)):
+                missing.append(f"{name}: {path}")
+    assert not missing, missing
