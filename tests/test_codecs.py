@@ -6,6 +6,7 @@ import tensorflow as tf
 import tfgc
 import tfgc_ops
 from tfgc.codecs import fastsgd
+from tfgc.codecs.base import SendsValuesAlone
 from tfgc.codecs.adaptive import adaptive_bits
 import reference_ops as reference
 
@@ -296,8 +297,9 @@ def test_fastsgd_values_alone_refuse_payloads_that_do_not_fit_the_indices(rng):
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not match its shape"):
         codec.decode_values(dict(payload, kept_listed=tf.zeros([0], tf.uint8)), indices,
                             dense_shape)
-    with pytest.raises(NotImplementedError, match="encodes_values_alone"):
-        C.ThreeLC(1.0).encode_values(values)
+    assert isinstance(codec, SendsValuesAlone) and codec.encodes_values_alone
+    assert not isinstance(C.ThreeLC(1.0), SendsValuesAlone)
+    assert not C.ThreeLC(1.0).encodes_values_alone
 
 
 def test_no_compression_sends_indexed_slices_as_tensorflow_does():

@@ -6,7 +6,7 @@ parameter server included, can run the decode ops.
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
 from tfgc._version import __version__ as __version__  # the one version source
-from tfgc.memory import ErrorFeedback
+from tfgc.memory import ErrorFeedback, ResidualFeedback
 from tfgc.optimizer import (
     DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
 )
@@ -19,8 +19,9 @@ register_tf_keras_optimizers()
 register_keras_optimizers()
 
 __all__ = [
-    "callbacks", "codecs", "ErrorFeedback", "DistributedOptimizer", "get_variable",
-    "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers", "BoundedAdam", "cluster", "mqgrad",
+    "callbacks", "codecs", "ErrorFeedback", "ResidualFeedback", "DistributedOptimizer",
+    "get_variable", "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers",
+    "BoundedAdam", "cluster", "mqgrad",
 ]
 
 

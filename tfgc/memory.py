@@ -86,9 +86,94 @@ class ErrorFeedback(tf.Module, base.Codec):
         return f"ErrorFeedback({self.codec!r})"
 
 
-def feedback_step(codec, x, residual):
-    """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent)."""
-    total = x + residual
+class ResidualFeedback:
+    """The error-feedback rule a `DistributedOptimizer` applies around its codec.
+
+    `DistributedOptimizer(error_feedback=True)` uses `ResidualFeedback()`: 3LC's error
+    accumulation as the module docstring gives it. Pass an instance to change the rule:
+    `decay` < 1 forgets old error geometrically (step 1 becomes x + decay * r), and a
+    subclass may override `accumulate` (register it with `register_feedback` so that
+    optimizer configs naming it load). The non-finite policy and step (b) stay.
+
+    Args:
+      decay: the factor on the residual in step 1, in (0, 1].
+    """
+
+    def __init__(self, decay: float = 1.0):
+        if not 0.0 < float(decay) <= 1.0:
+            raise ValueError(f"ResidualFeedback decay must be in (0, 1], got {decay}")
+        self.decay = float(decay)
+
+    def get_config(self):
+        return {"decay": self.decay}
+
+    def accumulate(self, x, residual):
+        """Step 1: what the codec is given, from the gradient and the residual's value."""
+        return x + residual if self.decay == 1.0 else x + self.decay * residual
+
+    def step(self, codec, x, residual):
+        """Steps 1, 2, a, b for one tensor and its residual variable: (payload, sent)."""
+        return feedback_step(codec, x, residual, self.accumulate)
+
+    def flat_step(self, codec, xs, residuals):
+        """The same for tensors one batched payload carries: (payload, sent, laid end
+        to end)."""
+        return feedback_flat_step(codec, xs, residuals, self.accumulate)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+_FEEDBACK_CLASSES = {"ResidualFeedback": ResidualFeedback}
+
+
+def register_feedback(cls):
+    """Makes a `ResidualFeedback` subclass loadable from an optimizer's config."""
+    if not (isinstance(cls, type) and issubclass(cls, ResidualFeedback)):
+        raise TypeError(f"register_feedback takes a ResidualFeedback subclass, got {cls!r}")
+    _FEEDBACK_CLASSES[cls.__name__] = cls
+    return cls
+
+
+def feedback_rule(spec):
+    """The `ResidualFeedback` that `spec` names (an optimizer's `error_feedback`: True,
+    False or None, an instance, or its config as `serialize_feedback` gives it), or None
+    for no error feedback."""
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return ResidualFeedback()
+    if isinstance(spec, ResidualFeedback):
+        return spec
+    if isinstance(spec, dict) and spec.get("class_name") in _FEEDBACK_CLASSES:
+        return _FEEDBACK_CLASSES[spec["class_name"]](**spec.get("config", {}))
+    raise TypeError(
+        "error_feedback is True, False, a tfgc.memory.ResidualFeedback or its config (of "
+        f"a class registered with register_feedback); got {spec!r}")
+
+
+def serialize_feedback(rule):
+    """`error_feedback` for an optimizer's config: a bool for the default rule or none."""
+    if rule is None or rule == ResidualFeedback():
+        return rule is not None
+    return {"class_name": type(rule).__name__, "config": rule.get_config()}
+
+
+def _add(x, residual):
+    return x + residual
+
+
+def feedback_step(codec, x, residual, accumulate=_add):
+    """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent).
+    `accumulate(x, residual value)` is step 1."""
+    total = accumulate(x, residual)
     payload, sent = codec.encode_and_reconstruct(total)
     _keep_unsent(total, sent, residual)
     return payload, sent
@@ -101,7 +186,7 @@ def feedback_batch_step(codec, xs, residuals):
     return payload, base.split_flat(sent, [x.shape for x in xs])
 
 
-def feedback_flat_step(codec, xs, residuals):
+def feedback_flat_step(codec, xs, residuals, accumulate=_add):
     """`feedback_batch_step` with what was sent laid end to end: (payload, sent).
 
     The tensors are summed, encoded and kept as one vector (`encode_and_reconstruct_flat`),
@@ -110,7 +195,7 @@ def feedback_flat_step(codec, xs, residuals):
     """
     shapes = [tf.TensorShape(x.shape) for x in xs]
     olds = base.concat_flat([residual.read_value() for residual in residuals])
-    totals = base.concat_flat(xs) + olds
+    totals = accumulate(base.concat_flat(xs), olds)
     payload, sent = codec.encode_and_reconstruct_flat(totals, shapes)
     unsent = totals - sent
     # One finite check per tensor (a non-finite element anywhere in it keeps its whole

@@ -11,7 +11,7 @@ optimizer sees the failure; `ErrorFeedback` leaves its residual untouched for th
 Payloads are checked before they are decoded: see `tfgc.codecs.validation`.
 """
 import abc
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import tensorflow as tf
 
@@ -49,6 +49,35 @@ class Topology(NamedTuple):
     all_reduce_replicas: int = 1
 
 
+# Capabilities that one codec family has: the encoder and wires dispatch on them with
+# isinstance, so the Codec contract itself stays the same for every codec.
+
+
+@runtime_checkable
+class SendsValuesAlone(Protocol):
+    """A codec that sends the rows of `tf.IndexedSlices` without their indices, for a
+    receiver that holds the indices already (FastSGD: a fused wire uses it where the
+    indices were computed on the receiving server)."""
+
+    def encode_values(self, values: tf.Tensor) -> Payload:
+        """Compresses the rows (the slices' `values`; the indices are distinct)."""
+
+    def decode_values(self, payload: Payload, indices: tf.Tensor,
+                      dense_shape: tf.Tensor) -> tf.IndexedSlices:
+        """Inverse of `encode_values`: the `tf.IndexedSlices` at the receiver's `indices`."""
+
+
+@runtime_checkable
+class AllReducing(Protocol):
+    """A bound codec that aggregates across replicas itself (GradiVeQ, whose collectives
+    depend on its phase): under all-reduce strategies its `all_reduce` replaces the
+    wire's generic one, without error feedback."""
+
+    def all_reduce(self, gradient: tf.Tensor,
+                   replica_context: tf.distribute.ReplicaContext) -> tuple[tf.Tensor, tf.Tensor]:
+        """(the sum of every replica's `gradient`, decoded; the bytes this replica sent)."""
+
+
 class Codec(abc.ABC):
     """Base class of tfgc's codecs.
 
@@ -74,16 +103,6 @@ class Codec(abc.ABC):
     #: other codecs get them as dense tensors.
     accepts_indexed_slices = False
 
-    #: True when `encode_values` / `decode_values` send the rows of `tf.IndexedSlices`
-    #: without their indices, for a receiver that holds the indices already (a fused
-    #: wire uses them where the indices were computed on the receiving server).
-    encodes_values_alone = False
-
-    #: True for a bound codec that aggregates across replicas itself:
-    #: `all_reduce(gradient, replica_context) -> (summed_gradient, payload_nbytes)`
-    #: then replaces the optimizer's generic all-reduce (no error feedback).
-    owns_all_reduce = False
-
     #: True when `encode_batch` / `decode_batch` put a list of same-dtype tensors into
     #: ONE payload in one pass (a fused wire sends each such group as one payload);
     #: other codecs' tensors travel as one payload each.
@@ -96,6 +115,16 @@ class Codec(abc.ABC):
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    @property
+    def encodes_values_alone(self) -> bool:
+        """Whether it is a `SendsValuesAlone` codec."""
+        return isinstance(self, SendsValuesAlone)
+
+    @property
+    def owns_all_reduce(self) -> bool:
+        """Whether it is an `AllReducing` codec."""
+        return isinstance(self, AllReducing)
 
     @abc.abstractmethod
     def encode(self, x: tf.Tensor) -> Payload:
@@ -136,18 +165,6 @@ class Codec(abc.ABC):
         receiver knows them: the payload carries none)."""
         raise NotImplementedError(f"{self.name} has no batched decoding (batched=False)")
 
-    def encode_values(self, values: tf.IndexedSlices) -> Payload:
-        """Compresses the rows of `tf.IndexedSlices` whose indices (distinct) the
-        receiver holds; payloads carry no indices (`encodes_values_alone` codecs)."""
-        raise NotImplementedError(f"{self.name} sends no values without their indices "
-                                  "(encodes_values_alone=False)")
-
-    def decode_values(self, payload: Payload, indices: tf.Tensor,
-                      dense_shape: tf.Tensor) -> tf.IndexedSlices:
-        """Inverse of `encode_values`: the `tf.IndexedSlices` at the receiver's `indices`."""
-        raise NotImplementedError(f"{self.name} sends no values without their indices "
-                                  "(encodes_values_alone=False)")
-
     def encode_and_reconstruct_group(self, tensors: Sequence[tf.Tensor]
                                      ) -> tuple[Payload, list[tf.Tensor]]:
         """(payload, [decoding of each tensor]) for the tensors of one payload: a tensor
@@ -184,8 +201,8 @@ class Codec(abc.ABC):
 
         `DistributedOptimizer.build` calls it once per compressed variable, inside the
         strategy's scope, so a codec that keeps per-variable state (tf.Variables, such as
-        GradiVeQ's compressors) creates it here. A bound codec with `owns_all_reduce`
-        defines `all_reduce`, which the optimizer then calls under all-reduce strategies.
+        GradiVeQ's compressors) creates it here. A bound codec that is `AllReducing`
+        has its `all_reduce` called under all-reduce strategies.
 
         Args:
           variable: the variable whose tensors it will encode.

@@ -43,7 +43,6 @@ class FastSGD(base.Codec):
     """
 
     accepts_indexed_slices = True
-    encodes_values_alone = True
 
     def __init__(self, base: float = 1.1, threshold: int = MAX_THRESHOLD,
                  flag_bits: int = 2) -> None:

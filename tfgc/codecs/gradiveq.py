@@ -219,7 +219,6 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
 
     summable = True
     supports_error_feedback = False
-    owns_all_reduce = True
 
     def __init__(self, settings: GradiVeQ, kernel_shape: Sequence[int],
                  name: str = "gradiveq", topology: Optional[base.Topology] = None) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Optional, Union
 
 from tfgc.codecs.base import Codec
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS
-from tfgc.memory import ErrorFeedback
+from tfgc.memory import ErrorFeedback, ResidualFeedback
 from tfgc.optimizer.base import (
     DEFAULT_SMALL_COMPRESSION, DIRECTIONS, CompressingBase, compressing_optimizer, small_codec,
 )
@@ -49,7 +49,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     compression: Codec,
     pull_compression: Optional[Codec] = None,
     min_elements: int = DEFAULT_MIN_ELEMENTS,
-    error_feedback: bool = True,
+    error_feedback: Union[bool, ResidualFeedback] = True,
     small_compression: Union[str, Codec, None] = DEFAULT_SMALL_COMPRESSION,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> Any:
@@ -80,7 +80,8 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
       min_elements: variables with fewer elements are not compressed by
         `compression` (3LC's rule): they go with `small_compression`.
       error_feedback: keep each compressed variable's residual (3LC's error
-        accumulation) on the worker that produced it.
+        accumulation) on the worker that produced it: True (`ResidualFeedback()`),
+        False, or a `tfgc.memory.ResidualFeedback` with another rule (e.g. a decay).
       small_compression: the codec of gradients below `min_elements` on fused wires
         (parameter servers, one process): "float16" (the default: `Cast("float16")`,
         which saturates instead of overflowing), a `tfgc.codecs.Codec`, or None to

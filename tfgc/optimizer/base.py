@@ -7,7 +7,7 @@ import warnings
 
 import tensorflow as tf
 
-from tfgc import _compat, codecs, pulls
+from tfgc import _compat, codecs, memory, pulls
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
 )
@@ -73,7 +73,8 @@ class CompressingBase:
         self.pull_compression = pull_compression
         self.small_compression = small_compression
         self.min_elements = int(min_elements)
-        self.error_feedback = bool(error_feedback)
+        self.feedback = memory.feedback_rule(error_feedback)
+        self.error_feedback = self.feedback is not None
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
@@ -81,7 +82,7 @@ class CompressingBase:
         # Saved with the optimizer (read back: Keras wraps a dict it tracks).
         self._codecs = {}  # the codec bound to each compressed variable, by position
         self._residuals = {}
-        self.encoder = Encoder(compression, small_compression, min_elements, error_feedback,
+        self.encoder = Encoder(compression, small_compression, min_elements, self.feedback,
                                position=self._variable_index, codecs=self._codecs,
                                residuals=self._residuals, settings=None)
         # {direction: counter} (tfgc.traffic), made at the first build and saved with
@@ -120,7 +121,7 @@ class CompressingBase:
                 None if self.pull_compression is None else codecs.serialize(self.pull_compression)
             ),
             min_elements=self.min_elements,
-            error_feedback=self.error_feedback,
+            error_feedback=memory.serialize_feedback(self.feedback),
             small_compression=(
                 None if self.small_compression is None
                 else codecs.serialize(self.small_compression)

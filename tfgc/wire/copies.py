@@ -4,7 +4,7 @@ A layer that sends a tensor to a parameter server and rebuilds it there (the dis
 ids of a sparse read, packed on the worker and unpacked on the server) notes the pair
 with `note_copy`. A fused wire whose gradient's indices are such a tensor, bound for the
 task that holds the copy, then sends the gradient's rows alone and decodes them against
-the copy (`Codec.encodes_values_alone`): the indices cross once per step, not twice.
+the copy (`tfgc.codecs.base.SendsValuesAlone`): the indices cross once per step, not twice.
 """
 import weakref
 

@@ -13,10 +13,9 @@ which is stable across processes.
 """
 import tensorflow as tf
 
-from tfgc.codecs.base import Topology
+from tfgc.codecs.base import SendsValuesAlone, Topology
 from tfgc.codecs.identity import NoCompression
 from tfgc.distribute import is_parameter_server
-from tfgc.memory import feedback_flat_step, feedback_step
 
 
 def topology():
@@ -45,19 +44,20 @@ class Encoder:
       small_compression: the codec of gradients the main codec does not compress, or
         None to send them as they are.
       min_elements: variables with fewer elements are not compressed by `compression`.
-      error_feedback: keep a residual per compressed variable (where its codec allows).
+      feedback: the error-feedback rule (a `tfgc.memory.ResidualFeedback`) applied with
+        a residual per compressed variable (where its codec allows), or None.
       position: a function giving a variable's position in its optimizer.
       codecs: the dict (owned by the optimizer) of bound codecs, filled by `build`.
       residuals: the dict (owned by the optimizer) of residuals, filled by `build`.
       settings: what every replica must agree on (a string; see AllReduceWire).
     """
 
-    def __init__(self, compression, small_compression, min_elements, error_feedback,
+    def __init__(self, compression, small_compression, min_elements, feedback,
                  position, codecs, residuals, settings):
         self.compression = compression
         self.small_compression = small_compression
         self.min_elements = int(min_elements)
-        self.error_feedback = bool(error_feedback)
+        self.feedback = feedback
         self.settings = settings
         self._position = position
         self._codecs = codecs
@@ -78,7 +78,7 @@ class Encoder:
                 continue
             codec = self.compression.bind(variable, topology())
             self._codecs[self._codec_key(variable)] = codec
-            if self.error_feedback and codec.supports_error_feedback:
+            if self.feedback is not None and codec.supports_error_feedback:
                 self._residuals[self._residual_key(variable)] = make_residual(variable)
 
     def bound_codec(self, variable):
@@ -123,13 +123,13 @@ class Encoder:
         residual = self.residual(variable)
         if residual is None:
             return codec.encode(gradient)
-        return feedback_step(codec, tf.convert_to_tensor(gradient), residual)[0]
+        return self.feedback.step(codec, tf.convert_to_tensor(gradient), residual)[0]
 
     def values_alone(self, gradient, variable):
         """Whether `gradient`, IndexedSlices, may travel as its rows alone to a receiver
         that holds its indices: its codec sends them so and keeps no residual for it."""
         return (isinstance(gradient, tf.IndexedSlices)
-                and self.codec(variable).encodes_values_alone
+                and isinstance(self.codec(variable), SendsValuesAlone)
                 and self.residual(variable) is None)
 
     def values_payload(self, gradient, variable):
@@ -152,4 +152,4 @@ class Encoder:
         residuals = [self.residual(v) for _, v in pairs]
         if residuals[0] is None:
             return codec.encode_batch(gradients)
-        return feedback_flat_step(codec, gradients, residuals)[0]
+        return self.feedback.flat_step(codec, gradients, residuals)[0]

@@ -140,7 +140,7 @@ class AllReduceWire(Wire):
     decoded once. Other codecs' payloads are packed into one fused message per bucket
     (tfgc.wire.Layout), all-gathered (padded to the longest replica's), and every
     replica unpacks, decodes and sums all of them. A codec with its own `all_reduce`
-    (`owns_all_reduce`) does its variable's whole aggregation.
+    (`tfgc.codecs.base.AllReducing`) does its variable's whole aggregation.
 
     Args:
       encoder: the `tfgc.wire.encoder.Encoder` of the optimizer whose gradients are sent.
@@ -167,7 +167,7 @@ class AllReduceWire(Wire):
                 nbytes[position] = dense_nbytes(variable)
                 continue
             codec = self.encoder.codec(variable)
-            if codec.owns_all_reduce:
+            if isinstance(codec, base.AllReducing):
                 received[position], nbytes[position] = codec.all_reduce(
                     tf.convert_to_tensor(gradient), context)
                 continue
