@@ -35,6 +35,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfgc
+from benchmarks.plots import draw_gradiveq_figure5
 from tfgc.codecs.gradiveq import GradiVeQ
 
 
@@ -277,23 +278,8 @@ def plot(summary, args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig5 = summary["figure5"]
-    if fig5:
-        points = fig5["points"]
-        plt.figure(figsize=(6, 3.5))
-        plt.plot([p["slice_size"] for p in points], [p["loss_others"] for p in points], "o-",
-                 label="other slices")
-        plt.plot([p["slice_size"] for p in points], [p["loss_first"] for p in points], "s--",
-                 label="first (sampled) slice")
-        for x in (256, 512, 768):
-            plt.axvline(x, color="grey", lw=0.5)
-        plt.xlabel("slice size K")
-        plt.ylabel("relative compression loss")
-        plt.title(f"{fig5['layer']} (3,3,16,16): first-slice compressor")
-        plt.legend()
-        plt.tight_layout()
-        plt.savefig(os.path.join(args.out, "gradiveq_fig5.png"), dpi=100)
-        plt.close()
+    if summary["figure5"]:
+        draw_gradiveq_figure5(summary["figure5"], os.path.join(args.out, "gradiveq_fig5.png"))
     plt.figure(figsize=(6, 3.5))
     for key in ("uncompressed", "gradiveq"):
         losses = np.convolve(summary["losses"][key], np.ones(20) / 20, mode="valid")

@@ -19,6 +19,8 @@ import sys
 
 import numpy as np
 
+from benchmarks.series import ema
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -117,6 +119,17 @@ def link_bounds(rows, link):
     }
 
 
+
+def _speedup_headline(name, runs, link, target):
+    """The step-time speedups of `runs` on `link`, the target's verdict, fp32's bounds."""
+    bounds = [link_bounds(runs[run], link) for run in sorted(runs)]
+    speedups = [b["speedup"] for b in bounds]
+    return Headline(
+        name,
+        f"{' and '.join(_x(s) for s in speedups)}; target {target} "
+        f"{_verdict(max(speedups), SPEEDUP_TARGETS[link])}; fp32's compute bound "
+        f"{' and '.join(_x(b['compute_bound']) for b in bounds)}", [DEMO], False)
+
 def demo_headlines():
     heads = []
     runs = _demo_runs("600-100mbit")
@@ -126,21 +139,10 @@ def demo_headlines():
             for link in ("loopback", "100mbit")]
     heads.append(Headline("demo-sockets", f"{_span(push)} push, {_span(pull)} pull",
                           [DEMO], False))
-    bounds = [link_bounds(runs[run], "100mbit") for run in sorted(runs)]
-    speedups = [b["speedup"] for b in bounds]
-    heads.append(Headline(
-        "demo-100mbit",
-        f"{' and '.join(_x(s) for s in speedups)}; target 3x "
-        f"{_verdict(max(speedups), SPEEDUP_TARGETS['100mbit'])}; fp32's compute bound "
-        f"{' and '.join(_x(b['compute_bound']) for b in bounds)}", [DEMO], False))
+    heads.append(_speedup_headline("demo-100mbit", runs, "100mbit", "3x"))
     runs = _demo_runs("120-10mbit")
+    heads.append(_speedup_headline("demo-10mbit", runs, "10mbit", "15x"))
     bounds = [link_bounds(runs[run], "10mbit") for run in sorted(runs)]
-    speedups = [b["speedup"] for b in bounds]
-    heads.append(Headline(
-        "demo-10mbit",
-        f"{' and '.join(_x(s) for s in speedups)}; target 15x "
-        f"{_verdict(max(speedups), SPEEDUP_TARGETS['10mbit'])}; fp32's compute bound "
-        f"{' and '.join(_x(b['compute_bound']) for b in bounds)}", [DEMO], False))
     heads.append(Headline(
         "demo-10mbit-link",
         f"{' and '.join(_x(b['link_bound']) for b in bounds)}; ThreeLC used "
@@ -283,14 +285,6 @@ def fastsgd_headlines():
             Headline("fastsgd-ps", f"{ratio:.2f}x fewer worker->PS bytes", [FASTSGD_PS], False)]
 
 
-def _ema(values, alpha=0.05):
-    out, last = [], values[0]
-    for v in values:
-        last = alpha * v + (1 - alpha) * last
-        out.append(last)
-    return np.array(out)
-
-
 def _time_to(run, level):
     """Measured time at which the run's loss EMA first reaches `level` (inf if never), as
     benchmarks/mqgrad_experiment.py computes it (losses after a divergence do not count)."""
@@ -298,7 +292,7 @@ def _time_to(run, level):
     bad = np.nonzero(~np.isfinite(losses) | (losses < 0) | (losses > 1e6))[0]
     if bad.size:
         losses[bad[0]:] = np.nan
-    below = np.nonzero(_ema(losses) <= level)[0]
+    below = np.nonzero(ema(losses) <= level)[0]
     return run["time_s"][below[0]] if below.size else float("inf")
 
 

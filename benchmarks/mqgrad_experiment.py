@@ -49,6 +49,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfgc
+from benchmarks.series import ema
 from models.train_args import parse_compression
 from tfgc import cluster as cluster_lib
 from tfgc import mqgrad
@@ -319,14 +320,6 @@ def trusted_losses(losses):
     if bad.size:
         losses[bad[0]:] = np.nan
     return losses
-
-
-def ema(values, alpha=0.05):
-    out, last = [], values[0]
-    for v in values:
-        last = alpha * v + (1 - alpha) * last
-        out.append(last)
-    return np.array(out)
 
 
 def on_grid(result, grid):

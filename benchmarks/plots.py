@@ -110,8 +110,12 @@ def gradiveq_loss(json_path, png_path, title):
 
 def gradiveq_figure5(json_path, png_path):
     """Relative compression loss of a first-slice compressor against the slice size K."""
+    return draw_gradiveq_figure5(json.load(open(json_path))["figure5"], png_path)
+
+
+def draw_gradiveq_figure5(fig5, png_path):
+    """`gradiveq_figure5` from the study's "figure5" record."""
     plt = _pyplot()
-    fig5 = json.load(open(json_path))["figure5"]
     points = fig5["points"]
     fig = plt.figure(figsize=(6, 3.5))
     plt.plot([p["slice_size"] for p in points], [p["loss_others"] for p in points], "o-",
