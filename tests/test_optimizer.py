@@ -289,6 +289,35 @@ class _PerVariableCodec(C.NoCompression):
         return bound
 
 
+class _TopologyCodec(C.NoCompression):
+    """Remembers the topology it was bound with."""
+
+    def bind(self, variable, topology=None):
+        bound = _TopologyCodec()
+        bound.topology = topology
+        return bound
+
+
+def test_codecs_learn_the_topology_from_bind_and_old_binds_still_work():
+    variable = tf.Variable(np.zeros([40, 50], np.float32))
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=_TopologyCodec(),
+                                    min_elements=10)
+    opt.build([variable])
+    assert opt.codec_for(variable).topology == C.base.Topology(False, 1)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        mirrored = tf.Variable(np.zeros([40, 50], np.float32))
+        opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                        compression=_TopologyCodec(), min_elements=10)
+        opt.build([mirrored])
+    assert opt.codec_for(mirrored).topology == C.base.Topology(False, 1)
+    # A codec whose bind takes no topology (written before it had one) is bound as it was.
+    old = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=_PerVariableCodec(),
+                                    min_elements=10)
+    old.build([variable])
+    assert old.codec_for(variable).shape == (40, 50)
+
+
 def test_codecs_are_bound_per_variable_and_may_refuse_error_feedback():
     big = tf.Variable(np.zeros([40, 50], np.float32))
     other = tf.Variable(np.zeros([64, 32], np.float32))

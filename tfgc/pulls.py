@@ -62,7 +62,7 @@ class PullCodecs(NamedTuple):
     def codec_for(self, master):
         """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
         if compresses(master, self.min_elements):
-            return self.compression.bind(master, topology())
+            return base.bind_to(self.compression, master, topology())
         return (codecs_lib.NoCompression() if self.small_compression is None
                 else self.small_compression)
 

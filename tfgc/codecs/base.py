@@ -11,6 +11,7 @@ optimizer sees the failure; `ErrorFeedback` leaves its residual untouched for th
 Payloads are checked before they are decoded: see `tfgc.codecs.validation`.
 """
 import abc
+import inspect
 from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import tensorflow as tf
@@ -48,6 +49,16 @@ class Topology(NamedTuple):
     parameter_server: bool = False
     all_reduce_replicas: int = 1
 
+
+
+def bind_to(codec: "Codec", variable: tf.Variable, topology: Topology) -> "Codec":
+    """`codec.bind(variable, topology)`; `codec.bind(variable)` for a codec whose `bind`
+    takes no topology (one written before `Codec.bind` had it)."""
+    try:
+        takes_topology = "topology" in inspect.signature(codec.bind).parameters
+    except (TypeError, ValueError):
+        takes_topology = False
+    return codec.bind(variable, topology) if takes_topology else codec.bind(variable)
 
 # Capabilities that one codec family has: the encoder and wires dispatch on them with
 # isinstance, so the Codec contract itself stays the same for every codec.

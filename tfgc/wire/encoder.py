@@ -13,7 +13,7 @@ which is stable across processes.
 """
 import tensorflow as tf
 
-from tfgc.codecs.base import SendsValuesAlone, Topology
+from tfgc.codecs.base import SendsValuesAlone, Topology, bind_to
 from tfgc.codecs.identity import NoCompression
 from tfgc.distribute import is_parameter_server
 
@@ -76,7 +76,7 @@ class Encoder:
         for variable in variables:
             if not self.compresses(variable) or self._codec_key(variable) in self._codecs:
                 continue
-            codec = self.compression.bind(variable, topology())
+            codec = bind_to(self.compression, variable, topology())
             self._codecs[self._codec_key(variable)] = codec
             if self.feedback is not None and codec.supports_error_feedback:
                 self._residuals[self._residual_key(variable)] = make_residual(variable)
