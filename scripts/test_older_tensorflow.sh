@@ -24,8 +24,9 @@ if [ ! -x "$PY" ]; then
 fi
 "$PY" -m pip install --quiet "tensorflow==$MINOR.*" "tf_keras==$MINOR.*" "setuptools>=68" wheel
 cd "$WORK/src"
-# The test extra without the documentation and lint tools (their tests run once, above).
-"$PY" -m pip install --quiet --no-build-isolation -e ".[keras,data]" pytest hypothesis pyyaml
+# The test extra without the documentation and lint tools (their tests run once, with
+# the newest TensorFlow).
+"$PY" -m pip install --quiet --no-build-isolation -e ".[models]" pytest hypothesis pyyaml
 "$PY" -c "import tensorflow as tf, tf_keras; print('TensorFlow', tf.__version__, 'tf_keras', tf_keras.__version__)"
 
 TF_CPP_MIN_LOG_LEVEL=2 "$PY" -m tfgc.cluster.private "$PY" -m pytest -q -p no:cacheprovider \

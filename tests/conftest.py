@@ -74,3 +74,13 @@ def pytest_report_header(config):
                 "namespace; `make test` runs the suite in a private one "
                 "(python -m tfgc.cluster.private python -m pytest)")
     return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (`make test` runs two workers), the cluster tests run one at a
+    time on one worker: two emulated networks could otherwise pick one subnet, and two
+    clusters on two cores would mostly wait on each other. The other tests share both."""
+    del config
+    for item in items:
+        if item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))

@@ -21,12 +21,12 @@ def import_copy(tmp_path, edit):
 def test_version_mismatch_says_what_to_run(tmp_path):
     def pretend_other_version(package):
         info = json.loads((package / "build_info.json").read_text())
-        info["tensorflow"] = "2.20.0"
+        info["tensorflow"] = "2.0.0"
         (package / "build_info.json").write_text(json.dumps(info))
 
     result = import_copy(tmp_path, pretend_other_version)
     assert result.returncode != 0
-    assert "built for TensorFlow 2.20.0" in result.stderr
+    assert "built for TensorFlow 2.0.0" in result.stderr
     assert "pip install --no-build-isolation --force-reinstall --no-deps -e ." in result.stderr
 
 

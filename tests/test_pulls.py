@@ -170,6 +170,21 @@ def test_two_optimizers_with_other_pull_settings_name_the_explicit_ways():
     assert other.pull_compression is not None  # alive until here: two candidates
 
 
+def test_an_unbuilt_optimizer_made_before_the_model_leaves_its_pulls_alone():
+    x, y = _digits()
+    stale = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                      pull_compression=C.Int8())  # an earlier cell's
+    with tfgc.compressed_pulls():
+        model = _model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Int8(),
+                                    pull_compression=C.ThreeLC(1.0))
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+    kernel = model.trainable_variables[0]
+    assert type(kernel.pull_codec).__name__ == "ThreeLC"
+    assert stale.pull_compression is not None  # alive until here
+
+
 def test_the_scope_s_codec_pulls_without_an_optimizer_s_pull_compression():
     x, y = _digits()
     with tfgc.compressed_pulls(compression=C.ThreeLC(1.0)) as pulls:

@@ -50,5 +50,5 @@ def __getattr__(name):
     except ImportError as error:
         raise ImportError(
             f"tfgc.{name} {what} and needs tf_keras "
-            "(pip install 'tfgc[keras]', or tf_keras==2.21.*)") from error
+            "(pip install 'tfgc[keras]', or the tf_keras of your TensorFlow's minor version)") from error
     return loaded if attribute is None else getattr(loaded, attribute)

@@ -18,13 +18,15 @@ read, or when an optimizer is built with the variables, whichever comes first):
    and `min_elements`.
 3. Otherwise (tf_keras's `fit` and custom loops read the model before the optimizer is
    built): the pull settings of the unbuilt `DistributedOptimizer`s with
-   `pull_compression` made under the same strategy, when they all agree. When they do
-   not, the first step fails with an error that names ways 1 and 2.
+   `pull_compression` made under the same strategy after the scope (or, if there is
+   none, before it), when they all agree. When they do not, the first step fails with an
+   error that names ways 1 and 2.
 
 Without any of these, the variables are read from their servers as they are (fp32).
 The optimizer that applies gradients to the variables counts their pull bytes (its
 `traffic`), whichever way their codec was chosen.
 """
+import itertools
 import json
 import threading
 import warnings
@@ -41,9 +43,11 @@ from tfgc.wire import ParameterServerPull
 from tfgc.wire.encoder import compresses, topology
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
-# Per strategy, the DistributedOptimizers with pull_compression made under it: the
-# pull settings way 3 of the module docstring reads.
-_offers = weakref.WeakKeyDictionary()  # strategy -> WeakSet of optimizers
+# Per strategy, the DistributedOptimizers with pull_compression made under it, each with
+# when it was made (owners are numbered from the same count): the pull settings way 3 of
+# the module docstring reads.
+_offers = weakref.WeakKeyDictionary()  # strategy -> WeakKeyDictionary(optimizer -> number)
+_made = itertools.count()
 
 
 class PullCodecs(NamedTuple):
@@ -81,7 +85,8 @@ def default_pull_codecs(compression):
 def offer(optimizer):
     """Lets the pulls that start under the current strategy without a codec of their own
     use `optimizer.pull_codecs()` (way 3 of the module docstring)."""
-    _offers.setdefault(tf.distribute.get_strategy(), weakref.WeakSet()).add(optimizer)
+    offers = _offers.setdefault(tf.distribute.get_strategy(), weakref.WeakKeyDictionary())
+    offers[optimizer] = next(_made)
 
 
 class CompressedPulls:
@@ -108,6 +113,7 @@ class CompressedPulls:
         self._pending = []  # [(graph, counted)] traced before there were counters
         self._pulls = weakref.WeakKeyDictionary()  # graph -> {group: its pull op}
         self._scope = None
+        self._number = next(_made)
 
     # --- the scope --------------------------------------------------------------------
 
@@ -185,11 +191,16 @@ class CompressedPulls:
     def _codecs_without_an_optimizer(self):
         if self.compression is not None:
             return default_pull_codecs(self.compression)
+        unbuilt = [(number, optimizer) for optimizer, number
+                   in list(_offers.get(self._strategy, {}).items())
+                   if not optimizer.built_compression]
+        # Those made after this owner's model, if any: an optimizer made earlier and
+        # never built (a notebook's previous cell) has nothing to do with this model.
+        later = [optimizer for number, optimizer in unbuilt if number > self._number]
         offered = {}
-        for optimizer in list(_offers.get(self._strategy, ())):
-            if not optimizer.built_compression:
-                settings = optimizer.pull_codecs()
-                offered.setdefault(settings.key(), settings)
+        for optimizer in later or [optimizer for _, optimizer in unbuilt]:
+            settings = optimizer.pull_codecs()
+            offered.setdefault(settings.key(), settings)
         if len(offered) > 1:
             raise RuntimeError(
                 f"{len(offered)} DistributedOptimizers with different pull settings were "

@@ -16,7 +16,7 @@ TensorFlow hooks are probed when this module is imported (TensorFlow is loaded b
 then, so it costs nothing); the tf_keras and Keras 3 ones at their first use (those
 packages are optional and slow to import). A probe that fails raises
 `UnsupportedInternalsError`, which names the hook, the installed version and the
-versions the hooks were verified with (`VERIFIED`, the pins of pyproject.toml): a
+versions the hooks were verified with (`VERIFIED`, the versions pyproject.toml allows): a
 TensorFlow or Keras upgrade that moves an internal fails there, loudly, and not as a
 silent change of behaviour.
 """
