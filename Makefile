@@ -39,9 +39,11 @@ test-data: install apt-index
 	@$(PY) -m models.data fetch weka || echo "note: could not fetch weka; the sparse-model tests will fail"
 
 # The suite starts real clusters: it runs in a private network namespace (loopback
-# only), so no task it starts can be reached from another host, nor any registry.
+# only), so no task it starts can be reached from another host, nor any registry. Two
+# pytest-xdist workers share the machine (see tests/conftest.py for what runs alone).
+TEST_WORKERS ?= 2
 test: install apt-index test-data
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tfgc.cluster.private $(PY) -m pytest -q
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tfgc.cluster.private $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
 	$(PY) -m pytest -q -m "not cluster and not slow"

@@ -26,11 +26,12 @@ fi
 cd "$WORK/src"
 # The test extra without the documentation and lint tools (their tests run once, with
 # the newest TensorFlow).
-"$PY" -m pip install --quiet --no-build-isolation -e ".[models]" pytest hypothesis pyyaml
+"$PY" -m pip install --quiet --no-build-isolation -e ".[models]" pytest pytest-xdist hypothesis \
+  pyyaml
 "$PY" -c "import tensorflow as tf, tf_keras; print('TensorFlow', tf.__version__, 'tf_keras', tf_keras.__version__)"
 
 TF_CPP_MIN_LOG_LEVEL=2 "$PY" -m tfgc.cluster.private "$PY" -m pytest -q -p no:cacheprovider \
-  -m "not cluster and not slow" \
+  -n 2 -m "not cluster and not slow" \
   --ignore tests/test_docs.py --ignore tests/test_lint.py tests
 TF_CPP_MIN_LOG_LEVEL=2 "$PY" -m tfgc.cluster.private "$PY" -m pytest -q -p no:cacheprovider \
   "tests/test_ps_training.py::test_parameter_servers_receive_only_compressed_gradients"

@@ -76,11 +76,17 @@ def pytest_report_header(config):
     return None
 
 
+# Their cluster tests make network namespaces and shaped links, and some time what runs
+# on them: one at a time (on one pytest-xdist worker), beside the others.
+_NAMESPACE_TEST_MODULES = {"test_cluster", "test_isolation", "test_mqgrad",
+                           "test_mqgrad_experiment", "test_tf_config_end_to_end"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (`make test` runs two workers), the cluster tests run one at a
-    time on one worker: two emulated networks could otherwise pick one subnet, and two
-    clusters on two cores would mostly wait on each other. The other tests share both."""
+    """Under pytest-xdist (`make test` runs two workers), the cluster tests of
+    `_NAMESPACE_TEST_MODULES` run one at a time, on one worker."""
     del config
     for item in items:
-        if item.get_closest_marker("cluster"):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+        if item.get_closest_marker("cluster") and item.module.__name__.split(".")[-1] \
+                in _NAMESPACE_TEST_MODULES:
+            item.add_marker(pytest.mark.xdist_group("network-namespaces"))
