@@ -159,10 +159,6 @@ class CompressedPulls:
 
     # --- starting -----------------------------------------------------------------------
 
-    @property
-    def started(self):
-        return self.codecs is not None
-
     def start(self, pull_codecs):
         """Starts the pulls with `pull_codecs`: one group per parameter server (and dtype:
         a group's snapshots are one buffer)."""
