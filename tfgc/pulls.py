@@ -40,7 +40,7 @@ from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
 from tfgc.variables import buffers, creating_buffers, pulled
 from tfgc.wire import ParameterServerPull
-from tfgc.wire.encoder import compresses, topology
+from tfgc.wire.encoder import DEFAULT_SMALL_COMPRESSION, compresses, small_codec, topology
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
 # Per strategy, the DistributedOptimizers with pull_compression made under it, each with
@@ -79,7 +79,7 @@ class PullCodecs(NamedTuple):
 
 def default_pull_codecs(compression):
     """`compression` for the deltas, with tfgc's default small-tensor settings."""
-    return PullCodecs(compression, codecs_lib.Cast("float16"), DEFAULT_MIN_ELEMENTS)
+    return PullCodecs(compression, small_codec(DEFAULT_SMALL_COMPRESSION), DEFAULT_MIN_ELEMENTS)
 
 
 def offer(optimizer):
@@ -258,9 +258,9 @@ class CompressedPulls:
     def count_pending(self):
         """Counts the pulls of the current graph traced before the counters existed (the
         optimizer calls it from the step that built it)."""
-        graph = tf.compat.v1.get_default_graph()
         if self._counters is None:
             return
+        graph = tf.compat.v1.get_default_graph()
         pending, self._pending = self._pending, []
         for traced_in, counted in pending:
             if traced_in is graph:

@@ -50,7 +50,6 @@ class Topology(NamedTuple):
     all_reduce_replicas: int = 1
 
 
-
 def bind_to(codec: "Codec", variable: tf.Variable, topology: Topology) -> "Codec":
     """`codec.bind(variable, topology)`; `codec.bind(variable)` for a codec whose `bind`
     takes no topology (one written before `Codec.bind` had it)."""
@@ -59,6 +58,7 @@ def bind_to(codec: "Codec", variable: tf.Variable, topology: Topology) -> "Codec
     except (TypeError, ValueError):
         takes_topology = False
     return codec.bind(variable, topology) if takes_topology else codec.bind(variable)
+
 
 # Capabilities that one codec family has: the encoder and wires dispatch on them with
 # isinstance, so the Codec contract itself stays the same for every codec.

@@ -14,10 +14,9 @@ from tfgc.distribute import (
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
 from tfgc.variables import PulledVariable
 from tfgc.wire import choose_wire
-from tfgc.wire.encoder import Encoder
+from tfgc.wire.encoder import DEFAULT_SMALL_COMPRESSION, Encoder, small_codec
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
 
-DEFAULT_SMALL_COMPRESSION = "float16"
 __all__ = ["CompressingBase", "DIRECTIONS", "DEFAULT_SMALL_COMPRESSION", "compressing_optimizer"]
 
 
@@ -249,17 +248,6 @@ def compressing_optimizer(optimizer):
         if optimizer is None:
             return None
     return None
-
-
-def small_codec(spec):
-    """The small-tensor codec named by `spec` ("float16", a codec, its config, None)."""
-    if isinstance(spec, str):
-        if spec != DEFAULT_SMALL_COMPRESSION:
-            raise ValueError(
-                f'small_compression is "{DEFAULT_SMALL_COMPRESSION}", a tfgc codec or None; '
-                f"got {spec!r}")
-        return codecs.Cast("float16")
-    return spec
 
 
 def residual_variable(variable):

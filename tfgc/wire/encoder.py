@@ -14,8 +14,21 @@ which is stable across processes.
 import tensorflow as tf
 
 from tfgc.codecs.base import SendsValuesAlone, Topology, bind_to
-from tfgc.codecs.identity import NoCompression
+from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.distribute import is_parameter_server
+
+DEFAULT_SMALL_COMPRESSION = "float16"
+
+
+def small_codec(spec):
+    """The small-tensor codec named by `spec` ("float16", a codec, its config, None)."""
+    if isinstance(spec, str):
+        if spec != DEFAULT_SMALL_COMPRESSION:
+            raise ValueError(
+                f'small_compression is "{DEFAULT_SMALL_COMPRESSION}", a tfgc codec or None; '
+                f"got {spec!r}")
+        return Cast("float16")
+    return spec
 
 
 def topology():
