@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tensorflow as tf
 
 import tfgc
+from tfgc.codecs.base import decode_group, encode_group
 from models import resnet
 
 
@@ -38,11 +39,11 @@ def main(argv=None):
     xs = [tf.random.normal(s, seed=i) for i, s in enumerate(shapes)]
     codec = tfgc.codecs.ThreeLC(1.0)
     encode_each = tf.function(lambda *t: [codec.encode_and_reconstruct(x) for x in t])
-    encode_batch = tf.function(lambda *t: codec.encode_and_reconstruct_batch(list(t)))
+    encode_batch = tf.function(lambda *t: encode_group(codec, list(t)))
     payloads = [p for p, _ in encode_each(*xs)]
     batch_payload = encode_batch(*xs)[0]
     decode_each = tf.function(lambda ps: [codec.decode(p) for p in ps])
-    decode_batch = tf.function(lambda p: codec.decode_batch(p, shapes))
+    decode_batch = tf.function(lambda p: decode_group(codec, p, shapes))
     print(f"ResNet-20: {len(shapes)} tensors ({sum(x.shape.num_elements() for x in xs):,} values); "
           f"bytes: {sum(int(tfgc.codecs.payload_nbytes(p)) for p in payloads)} in payloads of "
           f"their own, {int(tfgc.codecs.payload_nbytes(batch_payload))} batched")

@@ -6,7 +6,7 @@ import tensorflow as tf
 import tfgc
 import tfgc_ops
 from tfgc.codecs import fastsgd
-from tfgc.codecs.base import SendsValuesAlone
+from tfgc.codecs.base import SendsValuesAlone, decode_group, encode_group
 from tfgc.codecs.adaptive import adaptive_bits
 import reference_ops as reference
 
@@ -297,9 +297,8 @@ def test_fastsgd_values_alone_refuse_payloads_that_do_not_fit_the_indices(rng):
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not match its shape"):
         codec.decode_values(dict(payload, kept_listed=tf.zeros([0], tf.uint8)), indices,
                             dense_shape)
-    assert isinstance(codec, SendsValuesAlone) and codec.encodes_values_alone
+    assert isinstance(codec, SendsValuesAlone)
     assert not isinstance(C.ThreeLC(1.0), SendsValuesAlone)
-    assert not C.ThreeLC(1.0).encodes_values_alone
 
 
 def test_no_compression_sends_indexed_slices_as_tensorflow_does():
@@ -432,18 +431,18 @@ def test_cast_compiled_for_large_tensors_matches_the_plain_path(rng, dtype, inpu
 def test_cast_batch_sends_each_tensors_bytes_in_turn(rng, dtype):
     codec = C.Cast(dtype)
     xs = [tf.constant(gradient_like(rng, shape) * 1e4) for shape in ([3, 4], [5], [1, 2, 2])]
-    payload, sents = codec.encode_and_reconstruct_batch(xs)
+    payload, sents = encode_group(codec, xs)
     apart = [codec.encode(x) for x in xs]
     np.testing.assert_array_equal(
         payload["values"].numpy().view(np.uint16),
         np.concatenate([p["values"].numpy().reshape(-1) for p in apart]).view(np.uint16))
-    for x, sent, decoded, alone in zip(xs, sents, codec.decode_batch(payload, [x.shape for x in xs]),
+    for x, sent, decoded, alone in zip(xs, sents, decode_group(codec, payload, [x.shape for x in xs]),
                                        apart):
         assert sent.shape == x.shape and decoded.shape == x.shape
         np.testing.assert_array_equal(sent.numpy(), codec.decode(alone).numpy())
         np.testing.assert_array_equal(decoded.numpy(), sent.numpy())
     with pytest.raises(ValueError, match="one dtype"):
-        codec.encode_batch([xs[0], tf.cast(xs[1], tf.float64)])
+        encode_group(codec, [xs[0], tf.cast(xs[1], tf.float64)])[0]
 
 
 @pytest.mark.parametrize("codec, count", [
@@ -455,13 +454,29 @@ def test_a_flat_group_is_the_group_laid_end_to_end(rng, codec, count):
     xs = [tf.constant(gradient_like(rng, shape)) for shape in shapes]
     flat = tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
     payload, sent = codec.encode_and_reconstruct_flat(flat, shapes)
-    group_payload, group_sent = codec.encode_and_reconstruct_group(xs)
+    group_payload, group_sent = encode_group(codec, xs)
     assert sorted(payload) == sorted(group_payload)
     for key in payload:
         np.testing.assert_array_equal(payload[key].numpy(), group_payload[key].numpy())
     expected = np.concatenate([t.numpy().reshape(-1) for t in group_sent])
     np.testing.assert_array_equal(sent.numpy(), expected)
     np.testing.assert_array_equal(codec.decode_flat(payload, shapes).numpy(), expected)
+
+
+def test_a_codec_that_is_not_batched_refuses_a_group_of_several():
+    flat = tf.zeros([12])
+    with pytest.raises(NotImplementedError, match="one tensor per payload"):
+        C.Int8().encode_and_reconstruct_flat(flat, [[4], [8]])
+    with pytest.raises(NotImplementedError, match="one tensor per payload"):
+        C.Int8().decode_flat({}, [[4], [8]])
+
+
+@pytest.mark.parametrize("codec", [C.Cast("float16"), C.ThreeLC(1.0)], ids=lambda c: c.name)
+def test_a_batched_group_must_fill_its_vector(codec):
+    with pytest.raises(ValueError, match="must lie in a vector of as many values"):
+        codec.encode_and_reconstruct_flat(tf.zeros([13]), [[4], [8]])
+    with pytest.raises(ValueError, match="static shapes"):
+        codec.encode_and_reconstruct_flat(tf.zeros([12]), [[4], [None]])
 
 
 def test_malformed_payload_is_refused(rng):

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+from tfgc.codecs.base import decode_group, encode_group
 from tfgc.wire import Layout
 
 C = tfgc.codecs
@@ -91,7 +92,7 @@ def test_malformed_batched_messages_decode_to_the_expected_shapes_or_fail_cleanl
 
     @tf.function(input_signature=[tf.TensorSpec(s, tf.float32) for s in shapes])
     def pack(*tensors):
-        layout, message = Layout.pack([codec.encode_batch(list(tensors))])
+        layout, message = Layout.pack([encode_group(codec, list(tensors))[0]])
         holder["layout"] = layout
         return message
 
@@ -101,7 +102,7 @@ def test_malformed_batched_messages_decode_to_the_expected_shapes_or_fail_cleanl
     @tf.function(input_signature=[tf.TensorSpec([None], tf.uint8)])
     def receive(message):
         [payload] = layout.unpack(message)
-        return codec.decode_batch(payload, shapes)
+        return decode_group(codec, payload, shapes)
 
     for decoded, x in zip(receive(tf.constant(good)), xs):
         np.testing.assert_array_equal(decoded.numpy(), codec.decode(codec.encode(x)).numpy())

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import tfgc
 from tfgc import memory
+from tfgc.codecs.base import decode_group, encode_group
 import reference_ops as reference
 
 
@@ -140,9 +141,9 @@ def test_batched_encoding_decodes_each_tensor_as_its_own_encoding(rng):
     shapes = [(3, 3, 16, 16), (7,), (10, 64), (1,), (0,)]
     # Scales that differ by orders of magnitude: each tensor keeps its own M.
     xs = [(rng.standard_t(3, size=s) * 10.0 ** i).astype(np.float32) for i, s in enumerate(shapes)]
-    payload, sent = codec.encode_and_reconstruct_batch([tf.constant(x) for x in xs])
+    payload, sent = encode_group(codec, [tf.constant(x) for x in xs])
     assert sorted(payload) == ["data", "scales"]  # no shapes: the receiver knows them
-    decoded = codec.decode_batch(payload, shapes)
+    decoded = decode_group(codec, payload, shapes)
     for x, reconstruction, out in zip(xs, sent, decoded):
         alone = codec.decode(codec.encode(x)).numpy()
         np.testing.assert_array_equal(out.numpy(), alone)
@@ -155,10 +156,10 @@ def test_batched_encoding_decodes_each_tensor_as_its_own_encoding(rng):
 def test_batched_encoding_takes_one_dtype_and_checks_the_size(rng):
     codec = tfgc.codecs.ThreeLC(1.0)
     with pytest.raises(ValueError, match="one dtype"):
-        codec.encode_batch([tf.zeros([4]), tf.zeros([4], tf.float16)])
-    payload = codec.encode_batch([tf.ones([10]), tf.ones([5])])
+        encode_group(codec, [tf.zeros([4]), tf.zeros([4], tf.float16)])[0]
+    payload = encode_group(codec, [tf.ones([10]), tf.ones([5])])[0]
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not match"):
-        codec.decode_batch(payload, [(10,), (6,)])  # one more group than was sent
+        decode_group(codec, payload, [(10,), (6,)])  # one more group than was sent
 
 
 def test_batched_error_feedback_equals_one_tensor_at_a_time(rng):
@@ -210,12 +211,12 @@ def test_entropy_coder_decodes_what_zero_run_does_in_fewer_bytes(rng, sparsity):
     for x in xs:
         np.testing.assert_array_equal(entropy.decode(entropy.encode(x)).numpy(),
                                       zre.decode(zre.encode(x)).numpy())
-    payload, sent = entropy.encode_and_reconstruct_batch(xs)
-    for x, reconstruction, out in zip(xs, sent, entropy.decode_batch(payload, shapes)):
+    payload, sent = encode_group(entropy, xs)
+    for x, reconstruction, out in zip(xs, sent, decode_group(entropy, payload, shapes)):
         expected = zre.decode(zre.encode(x)).numpy()
         np.testing.assert_array_equal(out.numpy(), expected)
         np.testing.assert_array_equal(reconstruction.numpy(), expected)
-    zre_bytes = int(tfgc.codecs.payload_nbytes(zre.encode_batch(xs)))
+    zre_bytes = int(tfgc.codecs.payload_nbytes(encode_group(zre, xs)[0]))
     assert int(tfgc.codecs.payload_nbytes(payload)) < zre_bytes
 
 
@@ -225,6 +226,6 @@ def test_entropy_coder_config_and_errors():
     assert again.coder == "entropy" and repr(again) == "ThreeLC(sparsity=1.75, coder='entropy')"
     with pytest.raises(ValueError, match="coder must be one of"):
         tfgc.codecs.ThreeLC(1.0, coder="huffman")
-    payload = codec.encode_batch([tf.ones([10]), tf.ones([5])])
+    payload = encode_group(codec, [tf.ones([10]), tf.ones([5])])[0]
     with pytest.raises(tf.errors.InvalidArgumentError, match="quartic_entropy_decode"):
-        codec.decode_batch(payload, [(10,), (6,)])  # one more group than was sent
+        decode_group(codec, payload, [(10,), (6,)])  # one more group than was sent

@@ -40,7 +40,8 @@ from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
 from tfgc.variables import buffers, creating_buffers, pulled
 from tfgc.wire import ParameterServerPull
-from tfgc.wire.encoder import DEFAULT_SMALL_COMPRESSION, compresses, small_codec, topology
+from tfgc.wire.encoder import (
+    DEFAULT_SMALL_COMPRESSION, below_min_codec, compresses, small_codec, topology)
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
 # Per strategy, the DistributedOptimizers with pull_compression made under it, each with
@@ -67,8 +68,7 @@ class PullCodecs(NamedTuple):
         """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
         if compresses(master, self.min_elements):
             return base.bind_to(self.compression, master, topology())
-        return (codecs_lib.NoCompression() if self.small_compression is None
-                else self.small_compression)
+        return below_min_codec(self.small_compression)
 
     def key(self):
         """A string equal for equal settings."""

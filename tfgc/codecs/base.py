@@ -92,9 +92,15 @@ class AllReducing(Protocol):
 class Codec(abc.ABC):
     """Base class of tfgc's codecs.
 
+    A codec encodes a group of tensors into one payload. The group form, on the
+    tensors laid end to end (`encode_and_reconstruct_flat`, `decode_flat`), is the one
+    the wires, error feedback and pulls call; a group of one tensor is the one-tensor
+    form (`encode`, `encode_and_reconstruct`, `decode`), which is all most codecs write.
+
     Subclasses implement `encode` and `decode`, and may override `encode_and_reconstruct`
     when the sender can rebuild what the receiver will decode more cheaply than by
-    decoding (error feedback needs it every step).
+    decoding (error feedback needs it every step). A `batched` codec also overrides the
+    flat pair for groups of several tensors, leaving a group of one to this class.
     """
 
     #: True when payloads may be summed element-wise before a single decode, so that
@@ -114,9 +120,9 @@ class Codec(abc.ABC):
     #: other codecs get them as dense tensors.
     accepts_indexed_slices = False
 
-    #: True when `encode_batch` / `decode_batch` put a list of same-dtype tensors into
-    #: ONE payload in one pass (a fused wire sends each such group as one payload);
-    #: other codecs' tensors travel as one payload each.
+    #: True when the flat pair takes groups of several same-dtype tensors (a fused wire
+    #: sends each such group as one payload); other codecs' tensors travel as one
+    #: payload each.
     batched = False
 
     #: The most elements `decode` returns when called without `expected_shape`;
@@ -126,16 +132,6 @@ class Codec(abc.ABC):
     @property
     def name(self) -> str:
         return type(self).__name__
-
-    @property
-    def encodes_values_alone(self) -> bool:
-        """Whether it is a `SendsValuesAlone` codec."""
-        return isinstance(self, SendsValuesAlone)
-
-    @property
-    def owns_all_reduce(self) -> bool:
-        """Whether it is an `AllReducing` codec."""
-        return isinstance(self, AllReducing)
 
     @abc.abstractmethod
     def encode(self, x: tf.Tensor) -> Payload:
@@ -162,50 +158,26 @@ class Codec(abc.ABC):
         payload = self.encode(x)
         return payload, self.decode(payload)
 
-    def encode_batch(self, tensors: Sequence[tf.Tensor]) -> Payload:
-        """Compresses a list of tensors of one dtype into one payload (`batched` codecs)."""
-        return self.encode_and_reconstruct_batch(tensors)[0]
-
-    def encode_and_reconstruct_batch(self, tensors: Sequence[tf.Tensor]
-                                     ) -> tuple[Payload, list[tf.Tensor]]:
-        """Returns (payload, [decoding of each tensor]) for `encode_batch`."""
-        raise NotImplementedError(f"{self.name} has no batched encoding (batched=False)")
-
-    def decode_batch(self, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
-        """The tensors of an `encode_batch` payload, given their static `shapes` (the
-        receiver knows them: the payload carries none)."""
-        raise NotImplementedError(f"{self.name} has no batched decoding (batched=False)")
-
-    def encode_and_reconstruct_group(self, tensors: Sequence[tf.Tensor]
-                                     ) -> tuple[Payload, list[tf.Tensor]]:
-        """(payload, [decoding of each tensor]) for the tensors of one payload: a tensor
-        alone in its own format, several in the batched one (`batched` codecs)."""
-        if len(tensors) == 1:
-            payload, sent = self.encode_and_reconstruct(tensors[0])
-            return payload, [sent]
-        return self.encode_and_reconstruct_batch(tensors)
-
-    def decode_group(self, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
-        """Inverse of `encode_and_reconstruct_group`, given the tensors' static shapes."""
-        if len(shapes) == 1:
-            return [decode_expecting(self, payload, shapes[0])]
-        return self.decode_batch(payload, shapes)
-
     def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[Shape]
                                     ) -> tuple[Payload, tf.Tensor]:
-        """`encode_and_reconstruct_group` of tensors of the static `shapes` laid end to
-        end in the vector `flat`; returns (payload, their decodings laid end to end).
+        """Encodes a group of tensors into one payload.
 
-        The payload is the group's. `FlatBatchCodec`s, which work on the values as one
-        vector anyway, skip the split and concat: a traced step pays a reshape per
-        tensor for each.
+        Args:
+          flat: the tensors, of the static `shapes`, laid end to end in one vector.
+          shapes: their shapes (the receiver knows them: a group's payload need not
+            carry them). More than one only for `batched` codecs.
+
+        Returns:
+          (payload, the receiver's decodings laid end to end). A group of one tensor
+          is `encode_and_reconstruct` of that tensor.
         """
-        payload, sent = self.encode_and_reconstruct_group(split_flat(flat, shapes))
-        return payload, concat_flat(sent)
+        shape = _only_shape(self, shapes)
+        payload, sent = self.encode_and_reconstruct(tf.reshape(flat, shape))
+        return payload, tf.reshape(sent, [-1])
 
     def decode_flat(self, payload: Payload, shapes: Sequence[Shape]) -> tf.Tensor:
         """Inverse of `encode_and_reconstruct_flat`: the decodings laid end to end."""
-        return concat_flat(self.decode_group(payload, shapes))
+        return tf.reshape(decode_expecting(self, payload, _only_shape(self, shapes)), [-1])
 
     def bind(self, variable: tf.Variable, topology: Optional["Topology"] = None) -> "Codec":
         """The codec to use for `variable`'s gradients (default: this one).
@@ -236,50 +208,49 @@ class Codec(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
-class FlatBatchCodec(Codec):
-    """A batched codec whose batch is its tensors laid end to end as one vector.
+def _only_shape(codec, shapes):
+    """The one shape of a group a codec that is not `batched` encodes."""
+    if len(shapes) != 1:
+        raise NotImplementedError(
+            f"{codec.name} encodes one tensor per payload (batched=False), got a group "
+            f"of {len(shapes)}")
+    return tf.TensorShape(shapes[0])
 
-    Subclasses define `encode_flat_batch` and `decode_flat_batch` on that vector; the
-    batch methods (`encode_and_reconstruct_batch`, `decode_batch`) and the flat ones
-    follow from them, the flat ones without the split and concat that cost a traced
-    step a reshape per tensor. A group of one tensor keeps the codec's own format.
-    """
 
-    batched = True
+def group_shapes(flat: tf.Tensor, shapes: Sequence[Shape], codec_name: str) -> list[int]:
+    """The element counts of a batched group's static `shapes`, checked against the
+    floating vector `flat` they lie in (for `batched` codecs' flat pair)."""
+    shapes = [tf.TensorShape(shape) for shape in shapes]
+    if not all(shape.is_fully_defined() for shape in shapes):
+        raise ValueError(f"{codec_name} batches tensors of static shapes, got {shapes}")
+    sizes = [shape.num_elements() for shape in shapes]
+    if flat.shape.rank != 1 or (flat.shape[0] is not None and flat.shape[0] != sum(sizes)):
+        raise ValueError(
+            f"{codec_name}: a group of {len(sizes)} tensors ({sum(sizes)} values) must "
+            f"lie in a vector of as many values, got shape {flat.shape}")
+    return sizes
 
-    @abc.abstractmethod
-    def encode_flat_batch(self, flat: tf.Tensor, shapes: Sequence[Shape]
-                          ) -> tuple[Payload, tf.Tensor]:
-        """(payload, decodings laid end to end) of tensors of the static `shapes`
-        laid end to end in the floating vector `flat`."""
 
-    @abc.abstractmethod
-    def decode_flat_batch(self, payload: Payload, shapes: Sequence[Shape]) -> tf.Tensor:
-        """Inverse of `encode_flat_batch`: the decodings laid end to end."""
+def encode_group(codec: Codec, tensors: Sequence[tf.Tensor]
+                 ) -> tuple[Payload, list[tf.Tensor]]:
+    """(payload, [the receiver's decoding of each tensor]) of `tensors` as one group:
+    `codec.encode_and_reconstruct_flat` on the tensors laid end to end."""
+    tensors = [tf.convert_to_tensor(x) for x in tensors]
+    check_one_dtype(tensors, codec.name)
+    shapes = [tf.TensorShape(x.shape) for x in tensors]
+    if len(tensors) == 1:
+        payload, sent = codec.encode_and_reconstruct(tensors[0])
+        return payload, [sent]
+    payload, sent = codec.encode_and_reconstruct_flat(concat_flat(tensors), shapes)
+    return payload, split_flat(sent, shapes)
 
-    def encode_and_reconstruct_batch(self, tensors: Sequence[tf.Tensor]
-                                     ) -> tuple[Payload, list[tf.Tensor]]:
-        tensors = [check_floating(x, self.name) for x in tensors]
-        check_one_dtype(tensors, self.name)
-        shapes = [tf.TensorShape(x.shape) for x in tensors]
-        if not all(shape.is_fully_defined() for shape in shapes):
-            raise ValueError(f"{self.name} batches tensors of static shapes, got {shapes}")
-        payload, values = self.encode_flat_batch(concat_flat(tensors), shapes)
-        return payload, split_flat(values, shapes)
 
-    def decode_batch(self, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
-        return split_flat(self.decode_flat_batch(payload, shapes), shapes)
-
-    def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[Shape]
-                                    ) -> tuple[Payload, tf.Tensor]:
-        if len(shapes) == 1:
-            return super().encode_and_reconstruct_flat(flat, shapes)
-        return self.encode_flat_batch(check_floating(flat, self.name), shapes)
-
-    def decode_flat(self, payload: Payload, shapes: Sequence[Shape]) -> tf.Tensor:
-        if len(shapes) == 1:
-            return super().decode_flat(payload, shapes)
-        return self.decode_flat_batch(payload, shapes)
+def decode_group(codec: Codec, payload: Payload, shapes: Sequence[Shape]) -> list[tf.Tensor]:
+    """Inverse of `encode_group`, given the tensors' static shapes (a lone tensor is
+    decoded as `decode` returns it, e.g. `tf.IndexedSlices` for a sparse codec)."""
+    if len(shapes) == 1:
+        return [decode_expecting(codec, payload, shapes[0])]
+    return split_flat(codec.decode_flat(payload, shapes), shapes)
 
 
 class ReconstructingCodec(Codec):

@@ -37,7 +37,7 @@ class NoCompression(base.Codec):
         return payload, x if isinstance(x, tf.IndexedSlices) else payload["values"]
 
 
-class Cast(base.FlatBatchCodec):
+class Cast(base.Codec):
     """Sends float16 or bfloat16 and casts back to the input dtype.
 
     Args:
@@ -47,12 +47,13 @@ class Cast(base.FlatBatchCodec):
     so only a non-finite input decodes non-finite. Summable: casts commute with sums up
     to rounding.
 
-    Batched (`encode_batch`): the tensors' values, flattened and concatenated, cast in
-    one op; the same bytes as each tensor's payload, one after the other. The fused
+    Batched (`encode_and_reconstruct_flat` of several tensors): the tensors' values,
+    laid end to end, cast in one op; the same bytes as each tensor's payload, one after the other. The fused
     wires send a model's small tensors (biases, batch-norm parameters) this way.
     """
 
     summable = True
+    batched = True
 
     def __init__(self, dtype: Union[str, tf.DType] = "float16") -> None:
         self.dtype = tf.as_dtype(dtype)
@@ -85,12 +86,17 @@ class Cast(base.FlatBatchCodec):
 
     # The batch is already one vector: its payload is that vector's.
 
-    def encode_flat_batch(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
-                          ) -> tuple[base.Payload, tf.Tensor]:
+    def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
+                                    ) -> tuple[base.Payload, tf.Tensor]:
+        if len(shapes) == 1:
+            return super().encode_and_reconstruct_flat(flat, shapes)
+        base.group_shapes(flat, shapes, self.name)
         payload = self.encode(flat)
         return payload, self.decode(payload)
 
-    def decode_flat_batch(self, payload: base.Payload, shapes: Sequence[base.Shape]) -> tf.Tensor:
+    def decode_flat(self, payload: base.Payload, shapes: Sequence[base.Shape]) -> tf.Tensor:
+        if len(shapes) == 1:
+            return super().decode_flat(payload, shapes)
         total = sum(tf.TensorShape(shape).num_elements() for shape in shapes)
         return self.decode(payload, expected_shape=[total])
 

@@ -63,7 +63,7 @@ _FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
 _BATCH_FIELDS = {"data": base.BYTES, "scales": base.FLOAT_VECTOR}
 
 
-class ThreeLC(base.FlatBatchCodec):
+class ThreeLC(base.Codec):
     """3-value quantization + quartic encoding + zero-run encoding.
 
     Args:
@@ -79,13 +79,14 @@ class ThreeLC(base.FlatBatchCodec):
     Quartic encoding alone costs 1.6 bits per value; an all-zero float32 tensor costs
     1/70 byte per value (280x).
 
-    Batched (`encode_batch`, `encode_and_reconstruct_flat`): every tensor keeps its own
+    Batched (`encode_and_reconstruct_flat` of several tensors): every tensor keeps its own
     M; one C++ call each quantizes and folds all of them and unfolds them, and their
     quartic bytes, laid end to end, are zero-run (or entropy) coded once:
     {"data": uint8, "scales": one M per tensor}.
     """
 
     CODERS = ("zre", "entropy")
+    batched = True
 
     def __init__(self, sparsity: float = 1.0, coder: str = "zre") -> None:
         sparsity = base.check_real(sparsity, "ThreeLC sparsity")
@@ -143,10 +144,13 @@ class ThreeLC(base.FlatBatchCodec):
         shape = tf.TensorShape(dims) if isinstance(dims, list) else dims
         return _unfold_and_scale(folded, fields["scale"], shape)
 
-    def encode_flat_batch(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
-                          ) -> tuple[base.Payload, tf.Tensor]:
+    def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
+                                    ) -> tuple[base.Payload, tf.Tensor]:
+        if len(shapes) == 1:
+            return super().encode_and_reconstruct_flat(flat, shapes)
+        flat = base.check_floating(flat, self.name)
         dtype = flat.dtype
-        sizes = _sizes(shapes)
+        sizes = base.group_shapes(flat, shapes, self.name)
         flat = tf.cast(flat, tf.float32)
         # Every tensor keeps its own M; the batch ops quantize, fold and unfold them all
         # in one call each, and ONE zero-run (or entropy) encode codes their bytes.
@@ -160,7 +164,9 @@ class ThreeLC(base.FlatBatchCodec):
         values = tfgc_ops.batch_quartic_unfold(folded, scales, sizes)
         return payload, tf.cast(values, dtype)
 
-    def decode_flat_batch(self, payload: base.Payload, shapes: Sequence[base.Shape]) -> tf.Tensor:
+    def decode_flat(self, payload: base.Payload, shapes: Sequence[base.Shape]) -> tf.Tensor:
+        if len(shapes) == 1:
+            return super().decode_flat(payload, shapes)
         sizes = _sizes(shapes)
         fields = base.check_payload(payload, self.name, _BATCH_FIELDS)
         # One scale per tensor, named here before the bytes are expanded.

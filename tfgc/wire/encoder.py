@@ -13,7 +13,7 @@ which is stable across processes.
 """
 import tensorflow as tf
 
-from tfgc.codecs.base import SendsValuesAlone, Topology, bind_to
+from tfgc.codecs.base import SendsValuesAlone, Topology, bind_to, encode_group
 from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.distribute import is_parameter_server
 
@@ -29,6 +29,12 @@ def small_codec(spec):
                 f"got {spec!r}")
         return Cast("float16")
     return spec
+
+
+def below_min_codec(small_compression):
+    """The codec of tensors a main codec does not compress: `small_compression`, or
+    `NoCompression` where it is None."""
+    return NoCompression() if small_compression is None else small_compression
 
 
 def topology():
@@ -75,7 +81,7 @@ class Encoder:
         self._position = position
         self._codecs = codecs
         self._residuals = residuals
-        self._uncompressed = NoCompression()
+        self._below_min = below_min_codec(small_compression)
 
     # --- per-variable decisions ---------------------------------------------------
 
@@ -112,7 +118,7 @@ class Encoder:
                 f"a gradient was applied to {variable.name}, a {variable.dtype.name} "
                 "variable: tfgc sends gradients of floating-point variables only (make it "
                 "trainable=False, or leave it out of the (gradient, variable) pairs)")
-        return self._uncompressed if self.small_compression is None else self.small_compression
+        return self._below_min
 
     def residual(self, variable):
         """`variable`'s error-feedback residual, or None where none is kept."""
@@ -164,5 +170,5 @@ class Encoder:
         gradients = [tf.convert_to_tensor(g) for g, _ in pairs]
         residuals = [self.residual(v) for _, v in pairs]
         if residuals[0] is None:
-            return codec.encode_batch(gradients)
+            return encode_group(codec, gradients)[0]
         return self.feedback.flat_step(codec, gradients, residuals)[0]

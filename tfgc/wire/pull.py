@@ -7,7 +7,7 @@ read of any of them, the worker pulls all of them at once:
 
     worker:  state = [worker index, synced]                   (one int32[2] crosses)
     server:  payload_i = encode(master_i - snapshot_i[w])     for every variable i
-             (a batched codec's deltas: one payload for all, `Codec.encode_batch`)
+             (a batched codec's deltas: one payload for all, `Codec.encode_and_reconstruct_flat`)
              full = the masters' bytes if not synced, else nothing
              message = Layout.pack([payload_1, ..., payload_k, {"full": full}])
              snapshot_i[w] = synced ? snapshot_i[w] + decode(payload_i) : master_i

@@ -104,7 +104,7 @@ class _FusedWire(Wire):
         destination's copy of a lone gradient's indices, if its rows came alone)."""
         codec = self.encoder.codec(variables[0])
         if indices is None:
-            return codec.decode_group(payload, [v.shape for v in variables])
+            return base.decode_group(codec, payload, [v.shape for v in variables])
         dense_shape = tf.constant(variables[0].shape.as_list(), tf.int64)  # made here
         return [codec.decode_values(payload, indices, dense_shape)]
 
