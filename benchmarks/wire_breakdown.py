@@ -201,8 +201,9 @@ def tensor_dtype(message):
     return _DTYPES.get(message[j + 1], f"dtype {message[j + 1]}")
 
 
-def classify(messages, server_device):
-    """{kind: [count, bytes]} of the messages; the number of function calls."""
+def classify(messages, server_device, edges=None):
+    """{kind: [count, bytes]} of the messages; the number of function calls. Tensor
+    requests' edge names are counted in `edges` (a Counter) when given."""
     kinds = collections.defaultdict(lambda: [0, 0])
     handles = calls = 0
     for message in messages:
@@ -213,6 +214,8 @@ def classify(messages, server_device):
         elif b";edge_" in message:
             # A request cut by the end of the trace may lack the end of its key.
             edge = re.search(rb";edge_\d+_([^;]+);", message)
+            if edge and edges is not None:
+                edges[edge.group(1).decode(errors="replace")] += 1
             kind = ("tensor requests: batch-norm statistics"
                     if edge and b"BatchNorm" in edge.group(1) else "tensor requests: other")
         else:
@@ -228,15 +231,15 @@ def classify(messages, server_device):
     return kinds, calls, handles
 
 
-def tally(streams, server_device):
+def tally(streams, server_device, edges=None):
     """({kind: [messages, bytes]}, all bytes, function calls, remote handles) of the
-    bytes sent on some sockets ({fd: bytes})."""
+    bytes sent on some sockets ({fd: bytes}); requests' edges counted in `edges`."""
     kinds, calls, handles, total, counted = collections.defaultdict(lambda: [0, 0]), 0, 0, 0, 0
     for data in streams.values():
         total += len(data)
         messages = grpc_messages(data)
         counted += sum(len(m) for m in messages)
-        these, c, h = classify(messages, server_device)
+        these, c, h = classify(messages, server_device, edges)
         calls, handles = calls + c, handles + h
         for kind, (n, b) in these.items():
             kinds[kind][0] += n
@@ -257,6 +260,8 @@ def main(argv=None):
                         help="Keras epochs (of 10 steps) before tracing starts")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to trace")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--requests", action="store_true",
+                        help="also list the tensors requested each way, by graph edge")
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         sys.exit("wire_breakdown needs strace (apt-get install strace)")
@@ -303,10 +308,11 @@ def main(argv=None):
         os.killpg(run.pid, signal.SIGTERM)
         run.wait(timeout=60)
     device = b"/job:ps/replica:0/task:0/device:CPU:0"
-    push_kinds, push_total, calls, handles = tally(pushed, device)
+    push_edges, pull_edges = collections.Counter(), collections.Counter()
+    push_kinds, push_total, calls, handles = tally(pushed, device, push_edges)
     if not calls:
         sys.exit("no step was seen while tracing; trace longer (--seconds)")
-    pull_kinds, pull_total, _, _ = tally(pulled, device)
+    pull_kinds, pull_total, _, _ = tally(pulled, device, pull_edges)
     print(f"\n{args.model}, --compression {args.compression} --pull-compression {pull}, "
           f"1 PS + {args.workers} worker(s); per step of worker 0, over {calls} steps "
           f"({handles / calls:.0f} remote handles per function call)")
@@ -320,6 +326,12 @@ def main(argv=None):
         print(f"| all | | {total / calls:,.0f} | 100% |")
         summary[direction] = {"bytes_per_step": total / calls,
                               "kinds": {k: v[1] / calls for k, v in kinds.items()}}
+    if args.requests:
+        for who, edges in (("worker 0 asks the PS for", push_edges),
+                           ("the PS asks worker 0 for", pull_edges)):
+            print(f"\n{who} (per step, by graph edge)")
+            for edge, n in edges.most_common():
+                print(f"  {n / calls:5.1f}  {edge}")
     print(json.dumps(summary))
     shutil.rmtree(out, ignore_errors=True)
     return 0

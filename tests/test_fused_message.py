@@ -110,7 +110,7 @@ def test_malformed_messages_fail_with_invalid_argument(rng, case):
         with pytest.raises(tf.errors.InvalidArgumentError):
             receive(tf.constant(bad, tf.uint8))
         return
-    with pytest.raises(tf.errors.InvalidArgumentError, match="fused message"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="fused_message"):
         receive(tf.constant(bad, tf.uint8))
     # ...and the same receiver still takes a good message.
     assert len(receive(tf.constant(message, tf.uint8))) == 4

@@ -12,10 +12,12 @@ statistics it creates (`batch_norm_on_server=True`, the default), and
 `tfgc.batch_norm_on_server(model, enabled)` switches a built model's layers on or
 off. For a marked statistic that is a `NamedServerVariable`, the update is computed
 on its server instead, with Keras's arithmetic (`v -= (v - batch) * (1 - momentum)`):
-only the batch's statistics cross, packed with the decay and Keras's "batch not empty"
-flag into one tensor (one transfer per layer and server on the fused path, per
-statistic on the other). Other variables, layers with batch renormalization or a mask,
-and eager code update as Keras does it.
+only the batch's statistics cross, with the decay and Keras's "batch not empty" flag.
+In a step of the strategy's `run` they ride in the step's push message to their server
+(`tfgc.wire.riders`: no transfer of their own; as bfloat16, see `StatisticsUpdate`);
+where no push to that server carries them, they cross packed into one tensor per layer
+and server (per statistic on Keras's unfused path). Other variables, layers with batch
+renormalization or a mask, and eager code update as Keras does it.
 
 To reach the training step, tf_keras's `BatchNormalizationBase._fused_batch_norm` and
 `_assign_moving_average` are replaced, process-wide, the first time a statistic is
@@ -27,15 +29,25 @@ import sys
 import tensorflow as tf
 
 from tfgc import _compat
+from tfgc.codecs.base import concat_flat, split_flat
+from tfgc.codecs.identity import Cast, NoCompression
+from tfgc.distribute import is_parameter_server
 from tfgc.server_variables import NamedServerVariable
+from tfgc.wire import riders
 
 _MARK = "tfgc_batch_norm_on_server"  # set on a NamedServerVariable to update it there
 
 
-def mark(variable, enabled=True):
+def mark(variable, enabled=True, strategy=None):
     """Has `variable`'s moving-average updates computed on its server (`enabled`) or
     as Keras computes them. Only a `NamedServerVariable` (also in ParameterServer-
     Strategy's wrapper) can be updated there.
+
+    Args:
+      variable: a moving statistic.
+      enabled: update it on its server (True) or as Keras does (False).
+      strategy: the variable's ParameterServerStrategy (default: the one in scope),
+        whose steps then carry the updates in their push messages.
 
     Returns:
       Whether `variable` is one that this changes (a `NamedServerVariable`).
@@ -46,6 +58,9 @@ def mark(variable, enabled=True):
     setattr(inner, _MARK, bool(enabled))
     if enabled:
         install()
+        strategy = strategy or tf.distribute.get_strategy()
+        if is_parameter_server(strategy):
+            riders.collect_in_steps(strategy)
     return True
 
 
@@ -74,12 +89,13 @@ def batch_norm_on_server(model, enabled=True):
       The number of batch-norm layers whose statistics this switched.
     """
     layers = [model, *getattr(model, "submodules", ())]
+    strategy = getattr(model, "distribute_strategy", None)  # tf_keras models have one
     switched = 0
     for layer in layers:
         statistics = [getattr(layer, name, None) for name in ("moving_mean", "moving_variance")]
         if any(v is None for v in statistics) or not hasattr(layer, "momentum"):
             continue  # not a batch norm (or not built)
-        changed = [mark(v, enabled) for v in statistics]
+        changed = [mark(v, enabled, strategy) for v in statistics]
         switched += any(changed)
     return switched
 
@@ -143,8 +159,9 @@ def _fused_training_step(layer, inputs):
 def update_on_server(updates, momentum, inputs_size=None):
     """`v -= (v - value) * (1 - momentum)` for each `(v, value)` of `updates`, computed
     on each variable's server, and not at all where `inputs_size` (a batch size) is 0:
-    tf_keras's moving-average update, with one transfer per server from the step's
-    device.
+    tf_keras's moving-average update. Per server, the values ride in the step's push
+    message where the step collects riders (`tfgc.wire.riders`), else cross packed
+    into one tensor of their own.
 
     Args:
       updates: (variable, value) pairs, each value of its variable's shape.
@@ -152,32 +169,73 @@ def update_on_server(updates, momentum, inputs_size=None):
       inputs_size: None, or the batch size as a scalar tensor.
 
     Returns:
-      The last update's result, as `assign_sub` returns it.
+      The last update's result, as `assign_sub` returns it; the variable where the
+      update rides (it is made later in the step, by the push).
     """
     by_server = {}  # round-robin placement may put a layer's two statistics apart
     for variable, value in updates:
         device = _compat.unwrap_caching_variable(variable).device
         by_server.setdefault(device, []).append((variable, value))
-    for device, pairs in by_server.items():
-        result = _update_on(device, pairs, momentum, inputs_size)
-    return result
-
-
-def _update_on(device, updates, momentum, inputs_size):
-    """`update_on_server` for variables on `device`: their values packed with the decay
-    and the "batch not empty" flag into one tensor, which is all that crosses."""
-    variables = [variable for variable, _ in updates]
-    dtype = variables[0].dtype.base_dtype
+    dtype = updates[0][0].dtype.base_dtype
     decay = tf.cast(tf.convert_to_tensor(1.0 - momentum, name="decay"), dtype)
     applies = (tf.ones([], dtype) if inputs_size is None
                else tf.cast(inputs_size > 0, dtype))
-    packed = tf.concat([tf.reshape(tf.cast(value, dtype), [-1]) for _, value in updates]
-                       + [tf.stack([decay, applies])], axis=0)
-    sizes = [variable.shape.num_elements() for variable in variables]
-    with tf.name_scope("AssignMovingAvg"), tf.device(device):
-        *values, decay, applies = tf.split(packed, sizes + [1, 1])
-        for variable, value in zip(variables, values):
-            delta = (variable - tf.reshape(value, variable.shape)) * decay[0]
-            result = variable.assign_sub(tf.where(applies[0] > 0, delta,
-                                                  tf.zeros_like(delta)))
+    for device, pairs in by_server.items():
+        update = StatisticsUpdate(device, pairs, tf.stack([decay, applies]))
+        result = pairs[-1][0] if riders.ride(update) else update.send_alone()
+    return result
+
+
+class StatisticsUpdate(riders.Rider):
+    """tf_keras's moving-average update of statistics on one server.
+
+    It rides in the push message as bfloat16 (float32's range: a variance may exceed
+    float16's; each value rounded to 8 significant bits, about 0.4% at most, which the
+    moving average then averages over about 1 / (1 - momentum) steps), or as float32
+    where the optimizer sends small tensors uncompressed (`small_compression=None`).
+    The decay and the "batch not empty" flag always arrive exactly.
+
+    Args:
+      device: the statistics' server.
+      pairs: (variable, batch value) pairs of the variables on `device`.
+      rates: [decay, applies] in the variables' dtype.
+    """
+
+    def __init__(self, device, pairs, rates):
+        super().__init__(device)
+        self.variables = [variable for variable, _ in pairs]
+        dtype = self.variables[0].dtype.base_dtype
+        self.values = concat_flat([tf.cast(value, dtype) for _, value in pairs])
+        self.rates = rates
+
+    def _codec(self, small_compression):
+        return NoCompression() if small_compression is None else Cast("bfloat16")
+
+    def payload(self, small_compression):
+        return {**self._codec(small_compression).encode(self.values), "rates": self.rates}
+
+    def apply(self, payload, small_compression):
+        payload = dict(payload)
+        rates = payload.pop("rates")
+        values = self._codec(small_compression).decode(
+            payload, expected_shape=self.values.shape)
+        return self._assign(tf.cast(values, self.rates.dtype), rates)
+
+    def dense_nbytes(self):
+        return self.values.shape.num_elements() * self.values.dtype.size
+
+    def send_alone(self):
+        # The values, decay and flag packed into one tensor: all that crosses.
+        packed = tf.concat([self.values, self.rates], axis=0)
+        with tf.name_scope("AssignMovingAvg"), tf.device(self.device):
+            values, rates = tf.split(packed, [self.values.shape[0], 2])
+            return self._assign(values, rates)
+
+    def _assign(self, values, rates):
+        """`v -= (v - value) * decay` for each variable where the batch was not empty."""
+        decay, applies = tf.unstack(rates)
+        shapes = [variable.shape for variable in self.variables]
+        for variable, value in zip(self.variables, split_flat(values, shapes)):
+            delta = (variable - value) * decay
+            result = variable.assign_sub(tf.where(applies > 0, delta, tf.zeros_like(delta)))
         return result

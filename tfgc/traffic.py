@@ -4,15 +4,25 @@ Per direction ("push": gradients to where they are applied, "pull": model deltas
 workers) one int64 counter of shape [2, variables + 1]: row 0 the bytes on the wire,
 row 1 the bytes of the dense tensors they replace, one column per variable (by its
 position in the optimizer at the first build; the last column for variables built
-later). A step adds to each direction once.
+later and for the batch-norm statistics a push carries). A step adds to each direction
+once.
 """
 import contextlib
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from tfgc.distribute import dense_nbytes, is_parameter_server, local_variable
 
 DIRECTIONS = ("push", "pull")
+
+
+class NotAVariable(NamedTuple):
+    """What a wire sent that is no optimizer variable's gradient (batch-norm statistics
+    riding in a push, `tfgc.wire.riders`), in place of a variable in `record`: counted
+    in the last column, with the dense bytes it replaces."""
+
+    dense_nbytes: int
 
 
 def counter_variables(num_variables):
@@ -35,7 +45,7 @@ class TrafficCounters:
 
     def __init__(self, counters, names, position):
         self._counters = counters
-        self.names = list(names) + ["(variables built later)"]
+        self.names = list(names) + ["(variables built later; batch-norm statistics)"]
         self._position = position
 
     def record(self, direction, sent):
@@ -43,7 +53,8 @@ class TrafficCounters:
         if not sent:
             return
         other = len(self.names) - 1
-        columns = [min(self._position(v), other) for v, _ in sent]
+        columns = [other if isinstance(v, NotAVariable) else min(self._position(v), other)
+                   for v, _ in sent]
         indices = [[row, c] for row in (0, 1) for c in columns]
         counter = self._counters[direction]
         # Under ParameterServerStrategy the update is built on the counter's server,
@@ -54,7 +65,8 @@ class TrafficCounters:
         with place:
             # One constant for all the dense sizes: a traced step records many variables.
             updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
-                                 tf.constant([dense_nbytes(v) for v, _ in sent], tf.int64)], 0)
+                                 tf.constant([_dense_nbytes(v) for v, _ in sent], tf.int64)],
+                                0)
             counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
     def totals(self):
@@ -78,3 +90,7 @@ class TrafficCounters:
             for column, name in enumerate(self.names)
             if any(counts[d][1, column] for d in DIRECTIONS)
         }
+
+
+def _dense_nbytes(sent):
+    return sent.dense_nbytes if isinstance(sent, NotAVariable) else dense_nbytes(sent)

@@ -21,8 +21,10 @@ before any entry is read, and the receiver allocates nothing beyond the message 
 holds.
 """
 import dataclasses
+import re
 
 import numpy as np
+
 import tensorflow as tf
 
 _LENGTH_BYTES = 4  # one int32 per variable-length entry
@@ -157,33 +159,32 @@ class Layout:
         return totals
 
     def unpack(self, message, name="fused message"):
-        """The payloads of `message`, checked against this layout.
+        """The payloads of `message`, checked against this layout, unpacked where the
+        caller places it (the device that received the message).
 
-        The checks are bare Assert ops with a string message: a `tf.debugging.assert_*`
-        with tensor data becomes a cond, and a cond whose inputs sit on two devices
-        sends several small tensors across, every step. Eagerly they fail at once.
+        The checks are stateless slices that fail on a bad size (named after `name` and
+        the check): a stateful Assert would be ordered after the step's other stateful
+        ops, and one on another device costs a control edge across the wire every step;
+        a `tf.debugging.assert_*` with tensor data becomes a cond, which sends several
+        small tensors across.
 
         Raises:
           tf.errors.InvalidArgumentError: the message's size does not match the layout
-            and the lengths it declares (when run; the error names `name`).
+            and the lengths it declares (when run; the failing op's name contains
+            `name`, with its spaces and colons as underscores).
         """
-        message = tf.convert_to_tensor(message, tf.uint8)
-        size = tf.size(message, out_type=tf.int64)
-        fits_header = tf.debugging.Assert(
-            size >= self.header_nbytes + self.fixed_nbytes,
-            [f"{name}: shorter than its layout ({self.header_nbytes + self.fixed_nbytes} "
-             "bytes at least)"])
-        with tf.control_dependencies([fits_header]):
-            # Lengths are read as uint32: none is negative, and a forged one only
-            # makes the declared size disagree (nothing is allocated for it).
-            lengths = self._lengths(message[: self.header_nbytes])
+        # Sizes are read from a copy made here, not from where the message was made
+        # (TensorFlow places a Size op with its input's producer).
+        message = tf.identity(tf.convert_to_tensor(message, tf.uint8))
+        # Lengths are read as uint32: none is negative, and a forged one only makes the
+        # declared size disagree (nothing is allocated for it).
+        header = tf.slice(message, [0], [self.header_nbytes],
+                          name=check_op_name(name, "shorter than its header"))
+        lengths = self._lengths(header)
         sizes = tf.constant([e.dtype.size for e in self._variable], tf.int64,
                             shape=[len(self._variable)])
         declared = self.header_nbytes + self.fixed_nbytes + tf.reduce_sum(lengths * sizes)
-        matches = tf.debugging.Assert(
-            tf.equal(size, declared), [f"{name}: its size does not match its layout"])
-        with tf.control_dependencies([matches]):
-            message = tf.identity(message)
+        message = checked_size(message, declared, name, "its size does not match its layout")
         payloads = [{} for _ in range(self.num_payloads)]
         offset = tf.constant(self.header_nbytes, tf.int64)
         variable_index = 0
@@ -266,3 +267,30 @@ def split_bytes(total, sizes):
     cumulative = tf.constant(np.cumsum([0] + list(sizes)), tf.int64)
     upto = total * cumulative // sum(sizes)
     return tf.unstack(upto[1:] - upto[:-1], num=len(sizes))
+
+
+def checked_size(vector, size, message_name, check):
+    """`vector` once it is found to have `size` elements (an int64 scalar), else an
+    InvalidArgumentError naming the message and the `check`: from an op named after
+    them in a traced function (stateless, and kept by TensorFlow's graph optimizer,
+    which takes a reshape between vectors for an identity), at once eagerly."""
+    if tf.executing_eagerly():
+        if int(tf.size(vector)) != int(size):
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"{message_name}: {check} ({int(tf.size(vector))} bytes, "
+                f"{int(size)} expected)")
+        return vector
+    with tf.name_scope(check_op_name(message_name, check)):
+        beyond = tf.size(vector, out_type=tf.int64) - size
+        # Fails if the vector is shorter...
+        within = tf.slice(vector, tf.zeros([1], tf.int64), tf.reshape(size, [1]))
+        # ...and, taking what lies beyond `size` from an empty vector, if it is longer
+        # (-1, "all", is the shorter case, failed above).
+        empty = tf.slice(tf.zeros([0], vector.dtype), tf.zeros([1], tf.int64),
+                         tf.reshape(beyond, [1]))
+        return tf.concat([within, empty], axis=0)
+
+
+def check_op_name(message_name, check):
+    """An op name that says which check of which message failed."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{message_name}: {check}").lstrip("_.-")

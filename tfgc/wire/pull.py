@@ -5,7 +5,7 @@ Each `PulledVariable` (tfgc.variables) keeps a master on its parameter server, o
 snapshot row per worker next to it and a cache on each worker. Per step, on the first
 read of any of them, the worker pulls all of them at once:
 
-    worker:  state = [worker index, synced]                   (one int32[2] crosses)
+    worker:  state = 2 * worker index + synced                (one int32 crosses)
     server:  payload_i = encode(master_i - snapshot_i[w])     for every variable i
              (a batched codec's deltas: one payload for all, `Codec.encode_and_reconstruct_flat`)
              full = the masters' bytes if not synced, else nothing
@@ -30,7 +30,7 @@ from tfgc.codecs import base
 from tfgc.distribute import (
     colocated_with, dense_nbytes, local_variable, num_workers, worker_index)
 from tfgc.wire.message import (
-    Layout, from_bytes, payload_units, shares_by_position, to_bytes)
+    Layout, checked_size, from_bytes, payload_units, shares_by_position, to_bytes)
 
 
 class ParameterServerPull:
@@ -90,16 +90,19 @@ class ParameterServerPull:
         """
         synced_handle = self.synced.handle
         synced = tf.raw_ops.ReadVariableOp(resource=synced_handle, dtype=tf.bool)
-        state = tf.stack([worker_index(), tf.cast(synced, tf.int32)])
+        # One scalar: two (or a stack of them) would cross as two tensors, each with a
+        # request of its own (TensorFlow's optimizer cuts a stack sliced on another
+        # device into its parts).
+        state = 2 * worker_index() + tf.cast(synced, tf.int32)
         with tf.device(self.device):
             message, layout, counted = self._serve(state)
-        unpacked = layout.unpack(message, name=f"pull message from {self.device}")
-        full = unpacked.pop()["full"]
-        full_size = tf.debugging.Assert(  # a bare Assert: see Layout.unpack
-            tf.equal(tf.size(full), tf.where(synced, 0, self._full_nbytes)),
-            [f"pull message from {self.device}: full section of the wrong size"])
-        with tf.control_dependencies([full_size]):
-            full = tf.identity(full)
+        name = f"pull message from {self.device}"
+        unpacked = layout.unpack(message, name=name)
+        # A stateless check, as in Layout.unpack: the full section's size.
+        full = checked_size(unpacked.pop()["full"],
+                            tf.where(synced, tf.constant(0, tf.int64),
+                                     tf.constant(self._full_nbytes, tf.int64)),
+                            name, "full section of the wrong size")
         # Decoded outside the cond: see tfgc.variables.
         deltas = _concat([self.codecs[unit[0]].decode_flat(payload, self._shapes(unit))
                           for unit, payload in zip(self._units, unpacked)])
@@ -138,7 +141,7 @@ class ParameterServerPull:
 
         The counts are made here, from what is sent, so that they reach the traffic
         counters (on a server) without crossing the wire."""
-        worker, synced = state[0], state[1] > 0
+        worker, synced = state // 2, state % 2 > 0
         rows = tf.reshape(worker, [1])
         row = tf.gather(self.snapshots, worker)
         values = base.concat_flat([self.variables[i].master.read_value() for i in self._order])

@@ -9,8 +9,9 @@ says whether the main codec handles it. Fused wires also ask `batch_key(variable
 gradients with one key (a batched codec's, `Codec.batched`) are encoded together into
 one payload by `batch_payload(pairs)`, and, for `tf.IndexedSlices` whose indices the
 destination already holds (`tfgc.wire.copies`), `values_alone(gradient, variable)`:
-whether `values_payload` may send its rows without them. Every wire returns what it
-sent; the optimizer counts it.
+whether `values_payload` may send its rows without them. A parameter server's message
+also carries the step's other updates for it (`tfgc.wire.riders`). Every wire returns
+what it sent; the optimizer counts it.
 """
 import abc
 import contextlib
@@ -20,6 +21,8 @@ import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
+from tfgc.traffic import NotAVariable
+from tfgc.wire import riders
 from tfgc.wire.copies import copy_on
 from tfgc.wire.message import Layout, payload_units, shares_by_position, spread
 
@@ -57,31 +60,39 @@ class _FusedWire(Wire):
         sent = []
         for destination, positions in groups.items():
             pairs = [grads_and_vars[p] for p in positions]
-            decoded, nbytes = self._send_message(destination, pairs)
+            # The step's other updates for this server travel in its message too.
+            carried = [] if destination is None else riders.take(destination)
+            decoded, nbytes, carried_nbytes = self._send_message(destination, pairs, carried)
             for position, gradient, count in zip(positions, decoded, nbytes):
                 received[position] = gradient
                 sent.append((grads_and_vars[position][1], count))
+            sent += [(NotAVariable(rider.dense_nbytes()), count)
+                     for rider, count in zip(carried, carried_nbytes)]
         return list(zip(received, (v for _, v in grads_and_vars))), sent
 
-    def _send_message(self, destination, pairs):
+    def _send_message(self, destination, pairs, carried):
         units = self._units(pairs)
         # Rows whose indices the destination holds already travel without them.
         held = [self._held_indices(destination, *pairs[unit[0]]) if len(unit) == 1 else None
                 for unit in units]
+        small = self.encoder.small_compression
         payloads = [self._encode([pairs[i] for i in unit], indices)
                     for unit, indices in zip(units, held)]
-        layout, message = Layout.pack(payloads)
+        layout, message = Layout.pack(payloads + [rider.payload(small) for rider in carried])
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
             unpacked = layout.unpack(message, name=f"fused message for {destination or 'here'}")
             # Counted from what arrived, where it arrived: the byte counts then reach
             # the traffic counters (on a server) without crossing the wire themselves.
-            nbytes = shares_by_position(units, layout.payload_nbytes(unpacked),
+            counts = layout.payload_nbytes(unpacked)
+            nbytes = shares_by_position(units, counts[:len(units)],
                                         [v.shape.num_elements() for _, v in pairs])
             decoded = spread(units, [
                 self._decode(payload, [pairs[i][1] for i in unit], indices)
                 for unit, payload, indices in zip(units, unpacked, held)])
-        return decoded, nbytes
+            for rider, payload in zip(carried, unpacked[len(units):]):
+                rider.apply(payload, small)
+        return decoded, nbytes, counts[len(units):]
 
     def _held_indices(self, destination, gradient, variable):
         """The destination's copy of `gradient`'s indices (`tfgc.wire.copies`), where

@@ -1,0 +1,143 @@
+"""Riders: a step's other updates to a parameter server, carried in its fused push.
+
+A training step writes to its parameter servers more than gradients: tf_keras batch
+norm's moving statistics are updated on their server (tfgc.moving_statistics). Sent on
+its own, each such update costs one more tensor, request and set of frames per step, as
+much on the sockets at high compression as the gradients' whole message. A `Rider` is
+such an update made to travel inside the step's fused message to its server
+(`ParameterServerPush`): the wire packs its values with the gradients' payloads, and on
+the server hands it what arrived.
+
+Riding is only safe where the step is sure to send that message, in the graph the
+update was made in. So updates ride only inside a step that collects them
+(`collecting`, entered around every replica step of a strategy by
+`collect_in_steps(strategy)`), in that step's own graph, and whatever the step's pushes
+did not take when it ends (a server with no gradient that step, a push inside a
+`tf.cond`, a step without a tfgc optimizer) is sent on its own (`Rider.send_alone`),
+as it would have been without riding. Outside such a step `ride` says no, and the
+caller sends the update at once.
+"""
+import abc
+import contextlib
+import threading
+
+import tensorflow as tf
+
+_COLLECTING = "_tfgc_collects_riders"  # set on the `run` a strategy got from us
+
+
+class Rider(abc.ABC):
+    """An update for one parameter server that may travel in the step's push message.
+
+    Args:
+      device: the server's device (where `apply` runs).
+    """
+
+    def __init__(self, device):
+        self.device = _canonical(device)
+
+    @abc.abstractmethod
+    def payload(self, small_compression):
+        """What the update sends (a flat dict of tensors), made on the worker.
+
+        Args:
+          small_compression: the pushing optimizer's small-tensor codec, or None where
+            it sends small tensors as they are.
+        """
+
+    @abc.abstractmethod
+    def apply(self, payload, small_compression):
+        """Makes the update from the `payload` that arrived; runs on the server."""
+
+    @abc.abstractmethod
+    def dense_nbytes(self):
+        """Bytes of the values it replaces as Keras sends them (for the counters)."""
+
+    @abc.abstractmethod
+    def send_alone(self):
+        """Makes the update with a transfer of its own (no push carried it)."""
+
+
+class _Step:
+    """The riders of one replica step, waiting for its pushes."""
+
+    def __init__(self):
+        self.riders = []
+
+
+# The collecting steps by the graph they trace: a strategy may run its replica function
+# in threads of its own (mirrored replicas), which enter the same graph.
+_lock = threading.Lock()
+_steps = {}  # graph -> [_Step], innermost last
+
+
+def _current_step():
+    """The innermost step collecting in the current graph, or None."""
+    with _lock:
+        steps = _steps.get(tf.compat.v1.get_default_graph())
+        return steps[-1] if steps else None
+
+
+@contextlib.contextmanager
+def collecting():
+    """Collects the riders of the code inside (one replica step); when it ends without
+    an error, sends alone those that no push took."""
+    graph, step = tf.compat.v1.get_default_graph(), _Step()
+    with _lock:
+        _steps.setdefault(graph, []).append(step)
+    try:
+        yield
+    finally:
+        with _lock:
+            _steps[graph].pop()
+            if not _steps[graph]:
+                del _steps[graph]
+    for rider in step.riders:
+        rider.send_alone()
+
+
+def ride(rider):
+    """Leaves `rider` for the step's push to its server, if the current step collects
+    riders. Returns False when it does not: the caller then makes the update itself."""
+    step = _current_step()
+    if step is None:
+        return False
+    with _lock:
+        step.riders.append(rider)
+    return True
+
+
+def take(device):
+    """The riders waiting for a push to `device` in the current step (removed: the push
+    carries them); none outside a collecting step."""
+    step = _current_step()
+    if step is None:
+        return []
+    device = _canonical(device)
+    with _lock:
+        taken = [rider for rider in step.riders if rider.device == device]
+        step.riders = [rider for rider in step.riders if rider.device != device]
+    return taken
+
+
+def collect_in_steps(strategy):
+    """Has every replica step `strategy.run` traces collect riders (`collecting`).
+
+    Replaces the `run` of this strategy object (not of its class) with one that calls
+    the original inside `collecting()`; a second call changes nothing. tf_keras's
+    `fit` and custom training loops alike reach their steps through `strategy.run`.
+    """
+    run = strategy.run
+    if getattr(run, _COLLECTING, False):
+        return
+
+    def collecting_run(fn, args=(), kwargs=None, options=None):
+        with collecting():
+            return run(fn, args=args, kwargs=kwargs, options=options)
+
+    setattr(collecting_run, _COLLECTING, True)
+    strategy.run = collecting_run
+
+
+def _canonical(device):
+    return tf.DeviceSpec.from_string(device).to_string()
