@@ -79,7 +79,7 @@ def build_model(name, tf_keras):
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
 
 
-def _loss(tf_keras, model_name):
+def model_loss(tf_keras, model_name):
     return tf_keras.losses.SparseCategoricalCrossentropy(from_logits=model_name != "resnet20")
 
 
@@ -98,7 +98,7 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
     with cluster.LocalCluster(num_ps=1, num_workers=2, bandwidth=bandwidth, timeout_s=3000) as c:
         setup_s = time.monotonic() - started
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
-        data = _digits(tf, batch)
+        data = digits_dataset(tf, batch)
         models = {}
         for name in CODECS:
             base_name, pulls = name.split("+")[0], name.endswith("+pull")
@@ -114,7 +114,7 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
                         optimizer, compression=make_codec(),
                         pull_compression=make_codec() if pulls else None)
                     optimizer.build(model.trainable_variables)
-                model.compile(optimizer, _loss(tf_keras, model_name))
+                model.compile(optimizer, model_loss(tf_keras, model_name))
             model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace, connect
             models[name] = model
             rows[name] = {"step_ms": [], "push": 0, "pull": 0, "chief": 0, "loss": None,
@@ -166,8 +166,8 @@ def measure_compute(steps, batch, model_name):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf_keras.utils.set_random_seed(0)
     model = build_model(model_name, tf_keras)
-    model.compile(tf_keras.optimizers.SGD(0.05), _loss(tf_keras, model_name))
-    data = _digits(tf, batch)
+    model.compile(tf_keras.optimizers.SGD(0.05), model_loss(tf_keras, model_name))
+    data = digits_dataset(tf, batch)
     model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace
     epoch_ends = EpochEnds(tf_keras)
     step_ms = []
@@ -177,7 +177,7 @@ def measure_compute(steps, batch, model_name):
     return {"bandwidth": "compute", "step_ms": sorted(step_ms)[1]}
 
 
-def _digits(tf, batch):
+def digits_dataset(tf, batch):
     """scikit-learn's digits as a shuffled, repeated dataset of (64 floats, label)."""
     from sklearn.datasets import load_digits
 

@@ -183,20 +183,94 @@ def accuracy_headlines():
     ]
 
 
-# --- what crosses per step (recorded) ---------------------------------------------------
+# --- what crosses per step (raw: benchmarks/wire_breakdown.py's output) -------------------
 
-WIRE = "benchmarks/recorded/wire_breakdown.csv"
+BREAKDOWN = "benchmarks/data/wire_breakdown"
+FUSED = "tensors sent: uint8 (fused messages)"
+DIRECTIONS = {"push": "worker 0 -> PS", "pull": "PS -> worker 0"}
+# Targets: 3LC's Table 2 ratios for ResNet-110 (s = 1.0 and 1.75), and the bytes a step
+# may send outside its fused message each way.
+WIRE_TARGETS = {THREELC: 39.4, THREELC_175: 107.0}
+OUTSIDE_TARGET = 1024
+
+
+def breakdown_file(label, model, spec):
+    """The output file of one wire_breakdown run (`label`: "before" or "after")."""
+    name = spec.replace(":", "_").replace(",", "_").replace("=", "_")
+    return f"{BREAKDOWN}/{label}_{model}_{name}.txt"
+
+
+def breakdown(label, model, spec):
+    """{"push"/"pull": (bytes per step, of them outside the fused message)} of one run,
+    from the JSON summary its output ends with."""
+    with open(_path(breakdown_file(label, model, spec))) as f:
+        summary = json.loads([line for line in f if line.startswith("{")][-1])
+    return {d: (summary[key]["bytes_per_step"],
+                summary[key]["bytes_per_step"] - summary[key]["kinds"].get(FUSED, 0.0))
+            for d, key in DIRECTIONS.items()}
+
+
+def _against(model, spec, baseline="none"):
+    """{direction: fp32 (or `baseline`) bytes per step / `spec`'s}, same model."""
+    base, ours = breakdown("after", model, baseline), breakdown("after", model, spec)
+    return {d: base[d][0] / ours[d][0] for d in DIRECTIONS}
+
+
+def _met(ratios, target):
+    missed = [d for d in DIRECTIONS if ratios[d] < target]
+    return f"target {target:g}x {'met' if not missed else 'missed (' + ', '.join(missed) + ')'}"
 
 
 def wire_headlines():
-    rows = {(r["model"], r["compression"], r["direction"]): int(r["bytes_per_step"])
-            for r in read_csv(WIRE)}
     heads = []
-    for model in ("resnet20", "resnet56"):
-        ratio = {d: rows[(model, "none", d)] / rows[(model, THREELC, d)] for d in ("push", "pull")}
-        heads.append(Headline(f"wire-{model}", f"{_x(ratio['push'])} push, {_x(ratio['pull'])} pull",
-                              [WIRE], False))
+    for model in ("resnet20", "resnet56", "resnet110"):
+        for spec, tag in ((THREELC, ""), (THREELC_175, "-s175")):
+            ratios = _against(model, spec)
+            value = f"{_x(ratios['push'])} push, {_x(ratios['pull'])} pull; "
+            if model == "resnet20" and spec == THREELC:
+                fp16 = _against(model, spec, "fp16")
+                value += f"against fp16 {_x(fp16['push'])}, {_x(fp16['pull'])}; "
+            heads.append(Headline(
+                f"wire-{model}{tag}", value + _met(ratios, WIRE_TARGETS[spec]),
+                [breakdown_file("after", model, s) for s in ("none", spec)], True))
+    before, after = (breakdown(label, "resnet20", THREELC_175) for label in ("before", "after"))
+    outside = {d: after[d][1] for d in DIRECTIONS}
+    heads.append(Headline(
+        "wire-outside", f"{outside['push']:,.0f} B push, {outside['pull']:,.0f} B pull (were "
+        f"{before['push'][1]:,.0f} and {before['pull'][1]:,.0f}); target "
+        f"{OUTSIDE_TARGET:,} B {'met' if max(outside.values()) <= OUTSIDE_TARGET else 'missed'}",
+        [breakdown_file(label, "resnet20", THREELC_175) for label in ("before", "after")], True))
     return heads
+
+
+WIRE_SPECS = ("none", "fp16", THREELC, THREELC_175, "threelc:sparsity=1.9,coder=entropy")
+
+
+def _ran(model, spec):
+    """Whether a finished "after" run of `spec` on `model` is committed."""
+    path = _path(breakdown_file("after", model, spec))
+    return os.path.exists(path) and any(line.startswith("{") for line in open(path))
+
+
+def wire_table():
+    """The socket-ratio table of docs/results/wire.md, in Markdown, from the runs found."""
+    lines = ["| model | compression | worker -> PS B/step | PS -> worker B/step | "
+             "against fp32 | against fp16 |", "|---|---|---|---|---|---|"]
+    for model in ("resnet20", "resnet56", "resnet110"):
+        for spec in WIRE_SPECS:
+            if not _ran(model, spec):
+                continue
+            ours = breakdown("after", model, spec)
+            cells = []
+            for baseline in ("none", "fp16"):
+                if spec in ("none", "fp16") or not _ran(model, baseline):
+                    cells.append("")
+                    continue
+                ratios = _against(model, spec, baseline)
+                cells.append(f"{_x(ratios['push'])} / {_x(ratios['pull'])}")
+            lines.append(f"| {model} | `{spec}` | {ours['push'][0]:,.0f} | "
+                         f"{ours['pull'][0]:,.0f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 # --- the entropy coder -------------------------------------------------------------------
@@ -359,6 +433,9 @@ def compute():
 
 
 def main(argv=None):
+    if "--wire-table" in (sys.argv[1:] if argv is None else argv):
+        print(wire_table())
+        return 0
     for head in compute():
         kind = "raw output" if head.raw else "recorded table, raw output not kept"
         print(f"{head.id}: {head.value}\n    from {', '.join(head.sources)} ({kind})")
