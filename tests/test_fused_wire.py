@@ -100,7 +100,10 @@ COORDINATOR = cluster_scripts.script(
             try:
                 outcomes[name] = float(receive(tf.constant(message)))
             except tf.errors.InvalidArgumentError as error:
-                said = [m for m in ("fused message", "ThreeLC payload") if m in error.message]
+                # (in a traced step the message is named by the failing op's name,
+                # its spaces as underscores)
+                text = error.message.replace("_", " ")
+                said = [m for m in ("fused message", "ThreeLC payload") if m in text]
                 outcomes[name] = "InvalidArgument: " + ",".join(said)
         report["outcomes"] = outcomes
         # The parameter server goes on serving: one more training step.
