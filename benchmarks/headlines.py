@@ -243,7 +243,8 @@ def wire_headlines():
     return heads
 
 
-WIRE_SPECS = ("none", "fp16", THREELC, THREELC_175, "threelc:sparsity=1.9,coder=entropy")
+WIRE_SPECS = ("none", "fp16", THREELC, "threelc:sparsity=1.75", THREELC_175,
+              "threelc:sparsity=1.9,coder=entropy")
 
 
 def _ran(model, spec):
