@@ -217,7 +217,7 @@ def _only_shape(codec, shapes):
     return tf.TensorShape(shapes[0])
 
 
-def group_shapes(flat: tf.Tensor, shapes: Sequence[Shape], codec_name: str) -> list[int]:
+def group_sizes(flat: tf.Tensor, shapes: Sequence[Shape], codec_name: str) -> list[int]:
     """The element counts of a batched group's static `shapes`, checked against the
     floating vector `flat` they lie in (for `batched` codecs' flat pair)."""
     shapes = [tf.TensorShape(shape) for shape in shapes]

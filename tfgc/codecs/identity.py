@@ -48,8 +48,9 @@ class Cast(base.Codec):
     to rounding.
 
     Batched (`encode_and_reconstruct_flat` of several tensors): the tensors' values,
-    laid end to end, cast in one op; the same bytes as each tensor's payload, one after the other. The fused
-    wires send a model's small tensors (biases, batch-norm parameters) this way.
+    laid end to end, cast in one op; the same bytes as each tensor's payload, one after
+    the other. The fused wires send a model's small tensors (biases, batch-norm
+    parameters) this way.
     """
 
     summable = True
@@ -90,7 +91,7 @@ class Cast(base.Codec):
                                     ) -> tuple[base.Payload, tf.Tensor]:
         if len(shapes) == 1:
             return super().encode_and_reconstruct_flat(flat, shapes)
-        base.group_shapes(flat, shapes, self.name)
+        base.group_sizes(flat, shapes, self.name)
         payload = self.encode(flat)
         return payload, self.decode(payload)
 

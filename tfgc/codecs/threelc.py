@@ -150,7 +150,7 @@ class ThreeLC(base.Codec):
             return super().encode_and_reconstruct_flat(flat, shapes)
         flat = base.check_floating(flat, self.name)
         dtype = flat.dtype
-        sizes = base.group_shapes(flat, shapes, self.name)
+        sizes = base.group_sizes(flat, shapes, self.name)
         flat = tf.cast(flat, tf.float32)
         # Every tensor keeps its own M; the batch ops quantize, fold and unfold them all
         # in one call each, and ONE zero-run (or entropy) encode codes their bytes.
