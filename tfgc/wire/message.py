@@ -24,7 +24,6 @@ import dataclasses
 import re
 
 import numpy as np
-
 import tensorflow as tf
 
 _LENGTH_BYTES = 4  # one int32 per variable-length entry
