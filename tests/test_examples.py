@@ -1,5 +1,4 @@
 """The tutorial ports in examples/ run (short) as a user runs them, and change few lines."""
-import math
 import os
 import re
 import subprocess
@@ -73,13 +72,17 @@ def test_parameter_server_custom_loop():
     script = os.path.join(EXAMPLES, "parameter_server_custom_loop.py")
     compressed = run([script, *short])
     epochs = [line for line in compressed.splitlines() if line.startswith("Finished epoch")]
-    final = next(line for line in compressed.splitlines() if line.startswith("Final loss"))
-    # The tutorial's RMSprop at 0.1 swings by orders of magnitude from step to step
-    # (either epoch's mean, or the final step's loss, may be the largest), so the best
-    # of them is compared with the untrained model's loss, ln 2 (it predicts 0.5): in
-    # seven runs the best was 0.10-0.33, the worst up to 37.
-    best = min([numbers(line)[-1] for line in epochs] + [numbers(final)[0]])
-    assert len(epochs) == 2 and best < math.log(2), (epochs, final)
+    # The tutorial's own measure, its training accuracy, not the loss: its RMSprop at 0.1
+    # moves each of the 16,384 embedding and kernel coordinates by up to 0.3 a step, so
+    # the logit swings by hundreds, and a few confidently wrong examples (Keras takes
+    # the loss from the logit, unbounded) put an epoch's mean loss in the tens or
+    # hundreds, with fp32 as with ThreeLC. In seven runs with ThreeLC and six with fp32,
+    # the epochs' mean losses were 0.06-36 and 0.16-200, the second epoch's accuracy
+    # 0.89-1.0 and 0.79-1.0. A model that learned nothing scores the majority label's
+    # 4/7 = 0.571 (the label is "avenger" among 3 of 7 features), with a standard
+    # deviation of 0.04 over the epoch's 160 examples: 0.75 is 4.5 of them above.
+    accuracies = [numbers(line)[1] for line in epochs]
+    assert len(epochs) == 2 and accuracies[-1] > 0.75, epochs
     summary = next(line for line in compressed.splitlines() if line.startswith("steps "))
     steps, on_sockets, pushed, dense_push = numbers(summary)
     assert steps == 11
