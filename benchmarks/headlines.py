@@ -244,7 +244,10 @@ def wire_headlines():
 
 
 WIRE_SPECS = ("none", "fp16", THREELC, "threelc:sparsity=1.75", THREELC_175,
-              "threelc:sparsity=1.9,coder=entropy")
+              "threelc:sparsity=1.9", "threelc:sparsity=1.9,coder=entropy")
+# The batch-norm statistics a push carries in its fused message: bfloat16 means and
+# variances of the model's batch-norm channels (688, 2,032 and 4,048).
+STATISTICS_BYTES = {"resnet20": 2 * 2 * 688, "resnet56": 2 * 2 * 2032, "resnet110": 2 * 2 * 4048}
 
 
 def _ran(model, spec):
@@ -271,6 +274,27 @@ def wire_table():
                 cells.append(f"{_x(ratios['push'])} / {_x(ratios['pull'])}")
             lines.append(f"| {model} | `{spec}` | {ours['push'][0]:,.0f} | "
                          f"{ours['pull'][0]:,.0f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def payload_table():
+    """The ratios the sockets would show were the gradients' payload all that crossed:
+    fp32's socket bytes per step against the fused message less its statistics (pushes)
+    and against the pull message (pulls)."""
+    lines = ["| model | compression | worker -> PS, the gradients' payload alone "
+             "| PS -> worker, the pull payload alone |", "|---|---|---|---|"]
+    for model in ("resnet20", "resnet56", "resnet110"):
+        if not _ran(model, "none"):
+            continue
+        fp32 = breakdown("after", model, "none")
+        for spec in WIRE_SPECS[2:]:
+            if not _ran(model, spec):
+                continue
+            ours = breakdown("after", model, spec)
+            push = ours["push"][0] - ours["push"][1] - STATISTICS_BYTES[model]
+            pull = ours["pull"][0] - ours["pull"][1]
+            lines.append(f"| {model} | `{spec}` | {_x(fp32['push'][0] / push)} "
+                         f"| {_x(fp32['pull'][0] / pull)} |")
     return "\n".join(lines)
 
 
@@ -435,7 +459,7 @@ def compute():
 
 def main(argv=None):
     if "--wire-table" in (sys.argv[1:] if argv is None else argv):
-        print(wire_table())
+        print(wire_table() + "\n\n" + payload_table())
         return 0
     for head in compute():
         kind = "raw output" if head.raw else "recorded table, raw output not kept"

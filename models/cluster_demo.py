@@ -18,9 +18,12 @@ from the kernel's per-socket TCP counters, compression ratios, step time), write
 
 Where the machine can emulate links (root and iproute2: `tfgc.cluster` puts each task
 in a network namespace and shapes what it sends with tc), every compression runs once
-more on an emulated --link (default 10mbit), and the table adds the time each run took
-to train and reach its test accuracy, and its speedup over fp32 on the same link; where
-it cannot, the demo says why and keeps to loopback (--link none skips it).
+more on each emulated --link (default 10mbit; e.g. 10mbit,100mbit), and the table adds
+the time each run took to train and reach its test accuracy, and its speedup over fp32 on
+the same link, against the speedup it would have if compression cost nothing; below the
+table, each link's time to a training accuracy that all its runs reach. Where it cannot,
+the demo says why and keeps to loopback (--link none skips it). Every run's summary and
+history (the raw output) is written to <out>/summaries.json.
 """
 import argparse
 import json
@@ -76,6 +79,9 @@ def run_training(compression, args, out_dir, link=None):
     with open(os.path.join(out_dir, "summary.json")) as f:
         summary = json.load(f)
     summary["link"] = link or "loopback"
+    from models import plots
+
+    summary["history"] = plots.read_run(out_dir)[1]
     return summary
 
 
@@ -156,6 +162,57 @@ def speedup_limits(summaries):
     return lines
 
 
+def time_to_accuracy(summaries, window=3):
+    """When each run first reached a training accuracy that every run on its link reaches.
+
+    The accuracy is Keras's training accuracy per epoch (the mean over its --log-every
+    steps), smoothed over `window` epochs; the target on a link is the lowest of its runs'
+    best smoothed accuracies, so each run reaches it; the time counts from the start of
+    `fit` (tracing included).
+
+    Args:
+      summaries: run summaries, each with its "link" and "history" rows.
+      window: epochs averaged.
+
+    Returns:
+      A list parallel to `summaries` of (target, seconds), or None for a run without
+      recorded accuracy.
+    """
+    from models import plots
+
+    curves = []
+    for s in summaries:
+        rows = [r for r in s.get("history", []) if r.get("accuracy") is not None]
+        curves.append(list(zip([r["time_s"] for r in rows],
+                               plots.moving_average([r["accuracy"] for r in rows], window))))
+    targets = {}
+    for s, curve in zip(summaries, curves):
+        if curve:
+            best = max(accuracy for _, accuracy in curve)
+            targets[s["link"]] = min(targets.get(s["link"], best), best)
+    return [(targets[s["link"]], next(t for t, a in curve if a >= targets[s["link"]]))
+            if curve else None for s, curve in zip(summaries, curves)]
+
+
+def accuracy_lines(summaries, window=3):
+    """Lines giving each link's time to a common training accuracy, against fp32's."""
+    reached = time_to_accuracy(summaries, window)
+    fp32 = summaries[0]["compression"]
+    lines = []
+    for link in dict.fromkeys(s["link"] for s in summaries):
+        runs = [(s, r) for s, r in zip(summaries, reached) if s["link"] == link and r]
+        base = next((r[1] for s, r in runs if s["compression"] == fp32), None)
+        if not runs:
+            continue
+        parts = [f"{_label(s)} {seconds:.0f} s" + (
+            f" ({base / seconds:.1f}x sooner)" if base and s["compression"] != fp32 else "")
+            for s, (_, seconds) in runs]
+        lines.append(f"{link}: time to a training accuracy of {runs[0][1][0]:.3f} "
+                     f"(each run's epochs averaged over {window}; every run here reaches "
+                     f"it): " + ", ".join(parts) + ".")
+    return lines
+
+
 def describe_dataset(summary):
     text = f"{summary['dataset']} ({summary['train_examples']} training / " \
            f"{summary['test_examples']} test images)"
@@ -192,8 +249,9 @@ def main(argv=None):
     parser.add_argument("--test-limit", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=480, help="seconds per run")
     parser.add_argument("--link", default="10mbit",
-                        help="also run every compression on an emulated link of this rate "
-                             "(tc units) where the machine allows it; none: loopback only")
+                        help="also run every compression on emulated links of these rates "
+                             "(tc units, comma-separated: 10mbit,100mbit) where the machine "
+                             "allows it; none: loopback only")
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)
     if args.pull_compression and not args.pulls:
@@ -206,7 +264,7 @@ def main(argv=None):
     if args.link and args.link != "none":
         reason = cluster.emulation_unavailable()
         if reason is None:
-            links.append(args.link)
+            links += args.link.split(",")
         else:
             link_note = f"No emulated {args.link} link on this machine: {reason}."
             print(f"[demo] {link_note} Loopback only.", flush=True)
@@ -239,12 +297,14 @@ def main(argv=None):
         "training." + (f"\n{link_note}" if link_note else "")
     )
     table = results_table(summaries)
-    limits = speedup_limits(summaries)
+    limits = speedup_limits(summaries) + accuracy_lines(summaries)
     text = f"{header}\n\n{table}\n" + "".join(f"\n{line}" for line in limits) + (
         "\n" if limits else "")
     print("\n" + text)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)
+    with open(os.path.join(args.out, "summaries.json"), "w") as f:
+        json.dump(summaries, f, indent=1)
     print(f"plot: {png}\ntable: {os.path.join(args.out, 'results.md')}\n"
           f"total time {time.monotonic() - started:.0f} s")
     return 0

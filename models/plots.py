@@ -33,7 +33,8 @@ def read_run(path):
     return label, rows
 
 
-def _moving_average(values, window):
+def moving_average(values, window):
+    """Trailing mean over `window` values (over fewer at the start)."""
     out, total, kept = [], 0.0, []
     for v in values:
         kept.append(v)
@@ -78,7 +79,7 @@ def plot_runs(run_dirs, out_png, smooth=20, title=None):
             if not points:
                 continue
             steps, times, values = zip(*points)
-            values = _moving_average(values, smooth)
+            values = moving_average(values, smooth)
             axes[row_index][0].plot(times, values, label=label)
             axes[row_index][1].plot(steps, values, label=label)
     for row_index, key in enumerate(("training loss", "training accuracy")):

@@ -96,6 +96,28 @@ def test_demo_table_gives_each_first_epoch_against_fp32s():
     assert [row.split(" | ")[column] for row in rows] == ["8.0 (1.00x)", "10.0 (1.25x)", "-"]
 
 
+def test_demo_times_each_link_to_an_accuracy_all_its_runs_reach():
+    from models import cluster_demo
+
+    def run(link, compression, accuracies, seconds_per_epoch):
+        history = [{"step": 10 * (i + 1), "time_s": seconds_per_epoch * (i + 1),
+                    "accuracy": a} for i, a in enumerate(accuracies)]
+        return {"link": link, "compression": compression, "history": history}
+
+    runs = [run("10mbit", "none", [0.2, 0.5, 0.8, 0.9], 10.0),
+            run("10mbit", "threelc", [0.2, 0.6, 0.7, 0.6], 2.0),
+            run("loopback", "none", [0.5, 0.5], 1.0),
+            {"link": "loopback", "compression": "threelc", "history": []}]
+    # Smoothed over 2 epochs, threelc's best on 10mbit is 0.65 (epochs 2-3), fp32 first
+    # reaches it at epoch 3 (0.65): 30 s against 6 s.
+    assert cluster_demo.time_to_accuracy(runs, window=2) == [
+        (0.65, 30.0), (0.65, 6.0), (0.5, 1.0), None]
+    lines = cluster_demo.accuracy_lines(runs, window=2)
+    assert lines[0].startswith("10mbit: time to a training accuracy of 0.650")
+    assert lines[0].endswith("none 30 s, threelc 6 s (5.0x sooner).")
+    assert len(lines) == 2 and lines[1].startswith("loopback:")
+
+
 def test_demo_pulls_use_their_own_codec_only_in_compressed_runs():
     from models import cluster_demo
 
