@@ -6,6 +6,7 @@ parameter server included, can run the decode ops.
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
 from tfgc._version import __version__ as __version__  # the one version source
+from tfgc.local_steps import OuterSGD
 from tfgc.memory import ErrorFeedback, ResidualFeedback
 from tfgc.optimizer import (
     DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
@@ -21,7 +22,7 @@ register_keras_optimizers()
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "ResidualFeedback", "DistributedOptimizer",
     "get_variable", "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers",
-    "BoundedAdam", "cluster", "mqgrad",
+    "BoundedAdam", "OuterSGD", "cluster", "mqgrad",
 ]
 
 

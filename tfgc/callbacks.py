@@ -1,5 +1,38 @@
 """Keras (tf_keras) callbacks of tfgc; imported on first use, as they need tf_keras."""
+import tf_keras
+
 from tfgc.mqgrad.callback import MQGrad
+from tfgc.optimizer.base import compressing_optimizer
 from tfgc.telemetry import TrafficLogger
 
-__all__ = ["MQGrad", "TrafficLogger"]
+__all__ = ["MQGrad", "OuterSteps", "TrafficLogger"]
+
+
+class OuterSteps(tf_keras.callbacks.Callback):
+    """Runs the replicas' meetings of local steps in `fit` (see `tfgc.local_steps`).
+
+    After every batch it has the model's `DistributedOptimizer` meet (one compressed
+    all-reduce of the pseudo-gradients, then the outer step) once `local_steps` steps
+    were taken since the last meeting, and at the end of training it meets over the
+    steps left, so the model `fit` returns is the replicas' common one. Every worker of
+    MultiWorkerMirroredStrategy runs it. `steps_per_execution` must divide
+    `local_steps` (batch callbacks run once per execution).
+
+    Raises:
+      ValueError: at the start of training, the model's optimizer has no local steps.
+    """
+
+    def on_train_begin(self, logs=None):
+        optimizer = compressing_optimizer(self.model.optimizer)
+        if optimizer is None or optimizer.outer_optimizer is None:
+            raise ValueError(
+                "OuterSteps runs the meetings of local steps: compile the model with "
+                "tfgc.DistributedOptimizer(..., local_steps=H)")
+        self._optimizer = optimizer
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._optimizer.maybe_synchronize(self.model.distribute_strategy)
+
+    def on_train_end(self, logs=None):
+        if self._optimizer.local_steps_since_meeting() > 0:
+            self._optimizer.synchronize(self.model.distribute_strategy)

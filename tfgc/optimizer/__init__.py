@@ -28,6 +28,7 @@ from typing import Any, Optional, Union
 
 from tfgc.codecs.base import Codec
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS
+from tfgc.local_steps import OuterSGD
 from tfgc.memory import ErrorFeedback, ResidualFeedback
 from tfgc.optimizer.base import (
     DEFAULT_SMALL_COMPRESSION, DIRECTIONS, CompressingBase, compressing_optimizer, small_codec,
@@ -52,6 +53,8 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     error_feedback: Union[bool, ResidualFeedback] = True,
     small_compression: Union[str, Codec, None] = DEFAULT_SMALL_COMPRESSION,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    local_steps: int = 1,
+    outer_optimizer: Optional[OuterSGD] = None,
 ) -> Any:
     """Returns a copy of `optimizer` that compresses the gradients it applies.
 
@@ -88,17 +91,31 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         send them as they are. All-reduce strategies sum them as they are.
       bucket_bytes: under all-reduce strategies, about how many bytes one collective
         carries (gradients are packed into buckets; default 25 MiB, as PyTorch DDP).
+      local_steps: H > 1 trains each replica's own copy of the model for H steps, then
+        the replicas meet: their pseudo-gradients (what their copies moved) cross
+        compressed with `compression`, and `outer_optimizer` applies the mean
+        (DiLoCo; see tfgc.local_steps). tf_keras optimizers under
+        MultiWorkerMirroredStrategy, MirroredStrategy or no strategy; in `fit`, add
+        `tfgc.callbacks.OuterSteps()` to the callbacks.
+      outer_optimizer: the meetings' `tfgc.OuterSGD` (default with local steps:
+        DiLoCo's, learning rate 0.7 and Nesterov momentum 0.9;
+        `OuterSGD.averaging()` for 3LC's local-steps baseline). Given with
+        `local_steps=1`, every step is a meeting.
 
     Raises:
       TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
-      NotImplementedError: a Keras 3 optimizer with `pull_compression`, or one without
-        the hook tfgc relies on.
+      NotImplementedError: a Keras 3 optimizer with `pull_compression` or local steps,
+        or one without the hook tfgc relies on; local steps with a loss-scale
+        optimizer.
     """
     if isinstance(compressing_optimizer(optimizer), CompressingBase):
         raise TypeError(
             f"{type(optimizer).__name__} is already a DistributedOptimizer; wrap the inner "
             "optimizer once")
     rewrap = loss_scale_rewrapper(optimizer)
+    if rewrap is not None and (local_steps != 1 or outer_optimizer is not None):
+        raise NotImplementedError(
+            "local_steps with a LossScaleOptimizer (mixed_float16) is not built yet")
     if rewrap is not None:
         # The loss-scale optimizer goes outside: it unscales gradients before tfgc
         # encodes them (residuals in the gradients' own units) and skips whole steps
@@ -141,5 +158,6 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         compression=compression, pull_compression=pull_compression,
         min_elements=min_elements, error_feedback=error_feedback,
         small_compression=small_compression, bucket_bytes=bucket_bytes,
+        local_steps=local_steps, outer_optimizer=outer_optimizer,
     )
     return make_class(type(optimizer)).from_config(config)

@@ -11,6 +11,7 @@ from tfgc import _compat, codecs, memory, pulls
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
 )
+from tfgc.local_steps import as_outer_optimizer, check_local_steps
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
 from tfgc.variables import PulledVariable
 from tfgc.wire import choose_wire
@@ -46,13 +47,26 @@ class CompressingBase:
     `_build_compression` from `build` and define `_variable_index`.
     """
 
+    runs_local_steps = False  # whether the Keras flavour has local steps (tfgc.local_steps)
+
     def __init__(self, *args, compression, pull_compression=None,
                  min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
                  small_compression=DEFAULT_SMALL_COMPRESSION,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, **kwargs):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, local_steps=1, outer_optimizer=None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
                                small_compression, bucket_bytes)
+        self.local_steps = check_local_steps(local_steps)
+        # With local steps (more than one, or an outer optimizer given): the optimizer of
+        # the replicas' meetings (tfgc.local_steps); None: every step is synchronous.
+        self.outer_optimizer = (
+            as_outer_optimizer(outer_optimizer)
+            if self.local_steps > 1 or outer_optimizer is not None else None)
+        if self.outer_optimizer is not None and not self.runs_local_steps:
+            raise NotImplementedError(
+                f"local_steps with {type(self).__name__} is not built yet: local steps need a "
+                "tf_keras optimizer")
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):  # see _compat
         children = _compat.trackable_children(super(), save_type, **kwargs)
@@ -126,6 +140,9 @@ class CompressingBase:
                 else codecs.serialize(self.small_compression)
             ),
             bucket_bytes=self.bucket_bytes,
+            local_steps=self.local_steps,
+            outer_optimizer=(None if self.outer_optimizer is None
+                             else self.outer_optimizer.get_config()),
         )
         return config
 

@@ -5,7 +5,7 @@ import warnings
 
 import tensorflow as tf
 
-from tfgc import _compat
+from tfgc import _compat, local_steps
 from tfgc.distribute import is_parameter_server
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
@@ -39,7 +39,10 @@ def register_tf_keras_optimizers():
 
 
 class _CompressingMixin(CompressingBase):
-    """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire)."""
+    """tf_keras: overrides `build` (codecs, buffers) and `apply_gradients` (the wire, or
+    a local step)."""
+
+    runs_local_steps = True
 
     def get_config(self):
         return self._compression_config(super().get_config())
@@ -56,6 +59,25 @@ class _CompressingMixin(CompressingBase):
             super().build(masters)
         self._build_compression(masters)
         self._take_pulls(var_list)
+        if self.outer_optimizer is not None:
+            self._build_local_steps(masters)
+
+    def _build_local_steps(self, variables):
+        """The anchors, outer momenta and last meeting's step of local steps."""
+        if getattr(self, "_meetings", None) is not None:
+            return
+        strategy = tf.distribute.get_strategy()
+        if is_parameter_server(strategy) or self._saw_pulled:
+            raise NotImplementedError(
+                "local_steps under ParameterServerStrategy (or with compressed pulls) is not "
+                "built yet: local steps run under MultiWorkerMirroredStrategy, "
+                "MirroredStrategy and in one process")
+        anchors = [self.add_variable_from_reference(v, "anchor", initial_value=v)
+                   for v in variables]
+        momenta = ([self.add_variable_from_reference(v, "outer_momentum") for v in variables]
+                   if self.outer_optimizer.momentum > 0 else None)
+        synced_at = self.add_variable(shape=(), dtype=tf.int64, name="synced_at")
+        self._meetings = local_steps.Meetings(list(variables), anchors, momenta, synced_at)
 
     def _deduplicate_sparse_grad(self, grads):  # _compat.TF_KERAS_DEDUPLICATE_SPARSE_GRAD
         # tf_keras sums the rows of every sparse gradient first, on no device in
@@ -75,6 +97,9 @@ class _CompressingMixin(CompressingBase):
         LossScaleOptimizer); see tfgc.optimizer.loss_scale.
         """
         strategy = tf.distribute.get_strategy()
+        if self.outer_optimizer is not None:
+            raise NotImplementedError(
+                "local_steps with a LossScaleOptimizer (mixed_float16) is not built yet")
         if is_parameter_server(strategy) or strategy.num_replicas_in_sync == 1:
             return super().aggregate_gradients(grads_and_vars)
         self._deferred_aggregation = True
@@ -92,6 +117,8 @@ class _CompressingMixin(CompressingBase):
             self.build([v for _, v in grads_and_vars])
         self._take_pulls(variables)
         strategy = tf.distribute.get_strategy()
+        if self.outer_optimizer is not None:
+            return self._apply_locally(strategy, grads_and_vars, name, kwargs)
         self._warn_of_interleaved_adam(strategy, grads_and_vars)
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
@@ -110,6 +137,80 @@ class _CompressingMixin(CompressingBase):
         return super().apply_gradients(
             pairs, name=name, skip_gradients_aggregation=True, **kwargs
         )
+
+    def _apply_locally(self, strategy, grads_and_vars, name, kwargs):
+        """A local step: each replica's own gradients update its own copy."""
+        kwargs.pop("experimental_aggregate_gradients", None)
+        # Fails the step (it runs with the step, being stateful) when nobody synchronized.
+        local_steps.too_many_local_steps(self.iterations, self._meetings.synced_at,
+                                         self.local_steps)
+        replicas = strategy.num_replicas_in_sync
+        pairs = [(local_steps.scaled_for_one_replica(g, replicas), v) for g, v in grads_and_vars]
+        return super().apply_gradients(pairs, name=name, skip_gradients_aggregation=True,
+                                       **kwargs)
+
+    def synchronize(self, strategy=None):
+        """The replicas meet: each sends its pseudo-gradient (compressed), and the outer
+        optimizer applies their mean to every copy (see `tfgc.local_steps`).
+
+        Args:
+          strategy: the strategy the model was made under (default: the one in scope).
+
+        Raises:
+          ValueError: the optimizer has no local steps, or has not stepped yet.
+        """
+        if self.outer_optimizer is None:
+            raise ValueError("synchronize() is for local steps: this optimizer was made "
+                             "without local_steps or outer_optimizer")
+        meetings = getattr(self, "_meetings", None)
+        if meetings is None:
+            raise ValueError("synchronize() before the first step: nothing to meet over")
+        if meetings.function is None:
+            strategy = strategy or tf.distribute.get_strategy()
+            meetings.function = tf.function(lambda: strategy.run(self._outer_step))
+        meetings.function()
+
+    def maybe_synchronize(self, strategy=None):
+        """Runs `synchronize` if `local_steps` steps were taken since the replicas last
+        met; returns whether it did. A custom loop calls it after every step."""
+        if self.local_steps_since_meeting() < self.local_steps:
+            return False
+        self.synchronize(strategy)
+        return True
+
+    def local_steps_since_meeting(self):
+        """The steps taken since the replicas last met (0 before the first step, or
+        without local steps)."""
+        meetings = getattr(self, "_meetings", None)
+        return 0 if meetings is None else meetings.steps_since(self.iterations)
+
+    def _outer_step(self):
+        """One replica's part of a meeting (in replica context)."""
+        strategy = tf.distribute.get_strategy()
+        meetings = self._meetings
+        deltas = [(tf.convert_to_tensor(anchor) - tf.convert_to_tensor(v), v)
+                  for anchor, v in zip(meetings.anchors, meetings.variables)]
+        received = self._send_all(strategy, deltas, aggregate=True)
+        replicas = strategy.num_replicas_in_sync
+        means = [(total / replicas, v) for total, v in received]
+        return tf.distribute.get_replica_context().merge_call(
+            self._apply_outer_step, args=(means,))
+
+    def _apply_outer_step(self, distribution, means):
+        """Moves every copy and anchor to anchor - the outer step (cross-replica)."""
+        meetings = self._meetings
+
+        def move(variable, mean):
+            index = self._variable_index(variable)
+            anchor = meetings.anchors[index]
+            momentum = None if meetings.momenta is None else meetings.momenta[index]
+            new = anchor - tf.cast(self.outer_optimizer.step(mean, momentum), anchor.dtype)
+            return tf.group(variable.assign(new), anchor.assign(new))
+
+        updates = [distribution.extended.update(v, move, args=(mean,), group=True)
+                   for mean, v in means]
+        with tf.control_dependencies(updates):
+            return meetings.synced_at.assign(self.iterations)
 
     def _warn_aggregated_elsewhere(self, strategy):
         if getattr(self, "_warned_aggregated_elsewhere", False):

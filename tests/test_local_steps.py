@@ -1,0 +1,305 @@
+"""Local steps (tfgc.local_steps) in one process: the meetings' arithmetic, the
+refusal of a step past H, configs, checkpoints and the `fit` callback."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import cluster_scripts
+
+import tfgc
+from tfgc import cluster, codecs
+
+LR = 0.5  # a power of two: the inner SGD adds no rounding of its own
+
+
+def linear_problem(seed=0, rows=128, cols=8):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(32, rows)).astype("float32")
+    teacher = rng.normal(size=(rows, cols)).astype("float32")
+    return x, x @ teacher
+
+
+def model_and_optimizer(optimizer, rows=128, cols=8):
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(cols, use_bias=False,
+                                                       input_shape=(rows,))])
+    model.compile(optimizer, "mse")
+    return model
+
+
+def gradient(kernel, x, y):
+    """The mean-squared-error gradient of y ~ x @ kernel, as Keras takes it."""
+    return 2 * x.T @ (x @ kernel - y) / y.size
+
+
+def test_one_local_step_with_averaging_is_the_synchronous_step():
+    x, y = linear_problem()
+    plain = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.NoCompression()))
+    local = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.NoCompression(),
+        outer_optimizer=tfgc.OuterSGD.averaging()))
+    for _ in range(5):
+        plain.train_on_batch(x, y)
+        local.train_on_batch(x, y)
+        assert local.optimizer.maybe_synchronize()
+    a, b = plain.get_weights()[0], local.get_weights()[0]
+    # anchor - (anchor - w) is w to within its rounding: one ulp of the weights.
+    np.testing.assert_allclose(b, a, rtol=0, atol=4 * np.spacing(np.abs(a).max()))
+    assert not np.array_equal(a, model_and_optimizer("sgd").get_weights()[0])
+
+
+def test_meetings_apply_nesterov_momentum_to_the_pseudo_gradient():
+    x, y = linear_problem()
+    outer = tfgc.OuterSGD(learning_rate=0.7, momentum=0.9, nesterov=True)
+    model = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.NoCompression(), local_steps=3,
+        outer_optimizer=outer))
+    w = anchor = model.get_weights()[0].astype("float64")
+    momentum = np.zeros_like(w)
+    for step in range(1, 10):
+        model.train_on_batch(x, y)
+        w = w - LR * gradient(w, x, y)
+        met = model.optimizer.maybe_synchronize()
+        assert met == (step % 3 == 0)
+        if met:
+            delta = anchor - w
+            momentum = 0.9 * momentum + delta
+            w = anchor = anchor - 0.7 * (delta + 0.9 * momentum)
+    np.testing.assert_allclose(model.get_weights()[0], w, rtol=1e-4, atol=1e-5)
+    assert model.optimizer.local_steps_since_meeting() == 0
+
+
+def test_a_step_past_h_without_a_meeting_fails_saying_how_to_meet():
+    x, y = linear_problem()
+    model = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.ThreeLC(1.0), local_steps=2))
+    model.train_on_batch(x, y)
+    model.train_on_batch(x, y)
+    before = model.get_weights()[0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="OuterSteps"):
+        model.train_on_batch(x, y)
+    assert model.optimizer.maybe_synchronize()
+    model.train_on_batch(x, y)  # met: steps again
+    assert not np.array_equal(before, model.get_weights()[0])
+
+
+def test_pushes_are_counted_at_meetings_only():
+    x, y = linear_problem(rows=256, cols=64)
+    model = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.ThreeLC(1.0), local_steps=4),
+        rows=256, cols=64)
+    totals = []
+    for _ in range(8):
+        model.train_on_batch(x, y)
+        model.optimizer.maybe_synchronize()
+        totals.append(int(model.optimizer.traffic["push_bytes"].numpy()))
+    # Steps 1-3 send nothing, the meeting after step 4 one ThreeLC payload, and so on.
+    assert totals[:3] == [0, 0, 0] and totals[3] > 0
+    assert totals[4:7] == [totals[3]] * 3 and totals[7] > totals[3]
+    dense = int(model.optimizer.traffic["push_dense_bytes"].numpy())
+    assert dense == 2 * 256 * 64 * 4 and totals[7] < dense / 10
+
+
+def test_fit_meets_every_h_steps_and_at_the_end():
+    x, y = linear_problem()
+    model = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(0.01), compression=codecs.NoCompression(), local_steps=4,
+        outer_optimizer=tfgc.OuterSGD.averaging()))
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                        callbacks=[tfgc.callbacks.OuterSteps()])
+    assert history.history["loss"][1] < history.history["loss"][0]
+    # 2 epochs x 4 batches: meetings after steps 4 and 8 (the last one's: none left).
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert model.optimizer.local_steps_since_meeting() == 0
+    # 3 more steps: the end of training meets over them.
+    model.fit(x[:24], y[:24], batch_size=8, epochs=1, verbose=0,
+              callbacks=[tfgc.callbacks.OuterSteps()])
+    assert model.optimizer.local_steps_since_meeting() == 0
+
+
+def test_outer_steps_refuses_a_model_without_local_steps():
+    x, y = linear_problem()
+    model = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.NoCompression()))
+    with pytest.raises(ValueError, match="local_steps=H"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[tfgc.callbacks.OuterSteps()])
+    with pytest.raises(ValueError, match="synchronize\\(\\) is for local steps"):
+        model.optimizer.synchronize()
+
+
+def test_config_round_trips_and_anchors_are_checkpointed(tmp_path):
+    x, y = linear_problem()
+    outer = tfgc.OuterSGD(0.5, momentum=0.8, nesterov=False)
+    model = model_and_optimizer(tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(LR), compression=codecs.ThreeLC(1.0), local_steps=3,
+        outer_optimizer=outer))
+    config = model.optimizer.get_config()
+    assert config["local_steps"] == 3 and config["outer_optimizer"] == outer.get_config()
+    again = type(model.optimizer).from_config(config)
+    assert again.local_steps == 3 and again.outer_optimizer == outer
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    model.optimizer.maybe_synchronize()
+    model.train_on_batch(x, y)  # a copy away from its anchor
+    meetings = model.optimizer._meetings  # noqa: SLF001 (the state under test)
+    saved = [v.numpy() for v in meetings.anchors + meetings.momenta]
+    path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(tmp_path / "ck")
+    restored = model_and_optimizer(type(model.optimizer).from_config(config))
+    restored.optimizer.build(restored.trainable_variables)
+    tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(
+        path).assert_consumed()
+    meetings = restored.optimizer._meetings  # noqa: SLF001
+    for a, b in zip(saved, [v.numpy() for v in meetings.anchors + meetings.momenta]):
+        np.testing.assert_array_equal(a, b)
+    assert restored.optimizer.local_steps_since_meeting() == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
+def test_local_steps_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="local_steps must be a positive integer"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(LR), compression=codecs.ThreeLC(),
+                                  local_steps=bad)
+
+
+def test_outer_sgd_checks_its_arguments():
+    with pytest.raises(ValueError, match="learning rate"):
+        tfgc.OuterSGD(0.0)
+    with pytest.raises(ValueError, match="momentum"):
+        tfgc.OuterSGD(momentum=1.0)
+    with pytest.raises(TypeError, match="OuterSGD"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(LR), compression=codecs.ThreeLC(),
+                                  local_steps=2, outer_optimizer="nesterov")
+
+
+def test_local_steps_with_loss_scaling_is_not_built_yet():
+    with pytest.raises(NotImplementedError, match="LossScaleOptimizer"):
+        tfgc.DistributedOptimizer(
+            tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD(LR)),
+            compression=codecs.ThreeLC(), local_steps=2)
+
+
+MWMS_WORKER = cluster_scripts.script(
+    """
+    out_dir, names, steps = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+    RING = tf.distribute.experimental.CommunicationImplementation.RING
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=RING))
+    index = strategy.cluster_resolver.task_id
+    rows, cols = 512, 512  # 1 MiB of fp32 kernel
+    # Each worker has its own batch: the replicas' copies move apart between meetings.
+    rng = np.random.default_rng(100 + index)
+    teacher = np.random.default_rng(7).normal(size=(rows, cols)).astype("float32") / rows ** 0.5
+    x = rng.normal(size=(64, rows)).astype("float32")
+    y = x @ teacher
+    data = tf_keras.utils.experimental.DatasetCreator(
+        lambda context: tf.data.Dataset.from_tensors((x, y)).repeat())
+    settings = {  # name: (codec, local steps, outer optimizer)
+        "fp32": (tfgc.codecs.NoCompression(), 1, None),
+        "fp32_average_h1": (tfgc.codecs.NoCompression(), 1, tfgc.OuterSGD.averaging()),
+        "threelc": (tfgc.codecs.ThreeLC(1.0), 1, None),
+        "threelc_h4": (tfgc.codecs.ThreeLC(1.0), 4, None),
+    }
+    report = {"index": index}
+    for name in names:
+        codec, local_steps, outer = settings[name]
+        with strategy.scope():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential([tf_keras.layers.Dense(cols, use_bias=False,
+                                                               input_shape=(rows,))])
+            model.compile(tfgc.DistributedOptimizer(
+                tf_keras.optimizers.SGD(0.05), compression=codec, local_steps=local_steps,
+                outer_optimizer=outer), "mse")
+        callbacks = [tfgc.callbacks.OuterSteps()] if model.optimizer.outer_optimizer else []
+        # A first epoch of one meeting's steps (tracing, collective set-up), then the
+        # measured steps.
+        model.fit(data, epochs=1, steps_per_epoch=local_steps, verbose=0, callbacks=callbacks)
+        before = cluster.task_traffic()
+        history = model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0,
+                            callbacks=callbacks)
+        after = cluster.task_traffic()
+        peer = ("worker", 1 - index)
+        np.save(os.path.join(out_dir, f"{name}_{index}.npy"), model.get_weights()[0])
+        report[name] = {"sent": after[peer]["sent"] - before.get(peer, {"sent": 0})["sent"],
+                        "loss": history.history["loss"]}
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)  # a barrier
+    send_report(report)
+    """
+)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_mwms_replicas_meet_every_h_steps_compressed(tmp_path):
+    steps = 8
+    names = ["fp32", "fp32_average_h1", "threelc", "threelc_h4"]
+    script = tmp_path / "worker.py"
+    script.write_text(MWMS_WORKER)
+    local = cluster.LocalCluster(num_ps=0, num_workers=2, log_dir=tmp_path / "logs")
+    try:
+        results = local.run_workers([str(script), str(tmp_path), ",".join(names), str(steps)],
+                                    timeout_s=300, check=True)
+    finally:
+        local.stop()
+    reports = [cluster_scripts.read_report(r.stdout, r.stderr) for r in results]
+    weights = {name: [np.load(tmp_path / f"{name}_{i}.npy") for i in range(2)]
+               for name in names}
+    # After the meeting that ends fit, every replica holds the same model.
+    for name in names:
+        np.testing.assert_array_equal(weights[name][0], weights[name][1], err_msg=name)
+    # One local step with plain averaging is the synchronous step (the replicas'
+    # gradients scaled back from Keras's 1/replicas), to within float rounding.
+    plain, averaged = weights["fp32"][0], weights["fp32_average_h1"][0]
+    np.testing.assert_allclose(averaged, plain, rtol=0,
+                               atol=16 * np.spacing(np.abs(plain).max()))
+    # Local steps send one meeting's payload per 4 steps: about a quarter of ThreeLC's
+    # bytes per step (the meeting's payload is larger than one gradient's: 4 steps of
+    # movement, fewer zeros).
+    for report in reports:
+        every_step, every_fourth = report["threelc"]["sent"], report["threelc_h4"]["sent"]
+        assert every_fourth < 0.5 * every_step, report
+        for name in names:
+            loss = report[name]["loss"]
+            assert np.isfinite(loss).all(), (name, loss)
+
+
+MIRRORED_SCRIPT = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras, tfgc
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    var = tf.Variable(tf.ones([32, 32]))
+    opt = tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(0.5), compression=tfgc.codecs.NoCompression(), min_elements=1,
+        local_steps=2, outer_optimizer=tfgc.OuterSGD.averaging())
+    opt.build([var])
+
+@tf.function
+def step(g):
+    def fn():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        opt.apply_gradients([(tf.gather(g, r), var)])
+    strategy.run(fn)
+
+# Powers of two: every product and sum below is exact.
+g = [(np.full([2, 32, 32], 2.0 ** -k) * [[[1.0]], [[3.0]]]).astype(np.float32) for k in (3, 4)]
+step(tf.constant(g[0]))
+copies = [v.numpy() for v in strategy.experimental_local_results(var)]
+# Each replica steps alone, on its gradient times the 2 replicas (Keras's 1/2 undone).
+assert [c[0, 0] for c in copies] == [1 - 0.5 * 2 * 0.125, 1 - 0.5 * 2 * 0.375], copies
+step(tf.constant(g[1]))
+assert opt.maybe_synchronize(strategy)
+copies = [v.numpy() for v in strategy.experimental_local_results(var)]
+# The mean of the copies: w - lr * (the replicas' gradients summed), as synchronous SGD.
+expected = 1 - 0.5 * (g[0].sum(0) + g[1].sum(0))
+assert all(np.array_equal(c, expected) for c in copies), (copies, expected)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_replicas_step_alone_and_meet_at_their_mean(run_python):
+    assert "ok" in run_python(MIRRORED_SCRIPT, timeout=300)
