@@ -100,7 +100,19 @@ def make_optimizer(args, workload, replicas, codec, pull_codec=None):
         error_feedback=feedback,
         # The fp32 baseline sends everything in fp32, its small tensors too.
         small_compression=None if uncompressed else "float16",
+        local_steps=args.local_steps, outer_optimizer=outer_optimizer(args),
     )
+
+
+def outer_optimizer(args):
+    """The `tfgc.OuterSGD` of --local-steps, or None without local steps."""
+    import tfgc
+
+    if args.local_steps == 1:
+        return None
+    if args.outer_optimizer == "average":
+        return tfgc.OuterSGD.averaging()
+    return tfgc.OuterSGD(args.outer_lr, momentum=args.outer_momentum, nesterov=True)
 
 
 # --- callbacks ----------------------------------------------------------------------------
@@ -163,7 +175,9 @@ def train(args):
         "ps": args.ps if args.strategy == "ps" else 0, "steps": steps_per_epoch * epochs,
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "weight_decay": args.weight_decay, "weight_decay_mode": args.weight_decay_mode,
-        "bandwidth": args.bandwidth,
+        "bandwidth": args.bandwidth, "local_steps": args.local_steps,
+        "outer_optimizer": (None if outer_optimizer(args) is None
+                            else outer_optimizer(args).get_config()),
         "command": "python -m models.train " + " ".join(args.argv),
     }
     is_chief, cluster = True, None
@@ -245,8 +259,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
 
     import tfgc
 
-    # Synchronous replicas scale the learning rate; a PS update is one worker's batch.
+    # Synchronous replicas scale the learning rate; a PS update is one worker's batch, and
+    # so is a local step.
     replicas = strategy.num_replicas_in_sync if args.strategy == "mwms" else 1
+    lr_scale = replicas if args.local_steps == 1 else 1
     pull_codec = None if args.pull_compression == "none" else parse_compression(args.pull_compression)
     with strategy.scope():
         if args.mqgrad is not None:
@@ -260,7 +276,7 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
                  else contextlib.nullcontext())
         with pulls:
             model = workload.build_model(args.weight_decay if in_loss else 0.0)
-        optimizer = make_optimizer(args, workload, replicas, codec, pull_codec)
+        optimizer = make_optimizer(args, workload, lr_scale, codec, pull_codec)
         if not in_loss and args.weight_decay:
             # Decoupled decay, applied where the variable lives, on kernels only (as the
             # L2 term); no gradient term, so nothing extra is pulled or compressed.
@@ -270,7 +286,7 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         optimizer.build(model.trainable_variables)  # compressed pulls start at build
         model.compile(optimizer, workload.loss(), metrics=workload.metrics())
     summary["parameters"] = int(model.count_params())
-    summary["lr_scaled"] = args.lr * replicas
+    summary["lr_scaled"] = args.lr * lr_scale
     summary["error_feedback"] = bool(optimizer.error_feedback)
     train_ds = workload.train_dataset(args.batch_size * replicas)
     options = tf.data.Options()
@@ -284,6 +300,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         optimizer, steps_per_epoch, per_batch, "task" if args.strategy == "mwms" else cluster,
         rows_path=supervise.rows_path(out) if args._attempt else None)
     callbacks = [tfgc.callbacks.TrafficLogger()] if per_batch else []
+    if optimizer.outer_optimizer is not None:
+        callbacks.insert(0, tfgc.callbacks.OuterSteps())  # the meetings of local steps
     callbacks.append(recorder)
     # After the recorder (the bad loss gets its row), before the backup's save (a
     # diverged epoch is never saved, so no restart could resume from it).
@@ -487,6 +505,11 @@ def main(argv=None):
         if type(codec) is not Quantize:  # not AdaptiveQuantize, which picks its own bits
             parser.error("--mqgrad picks the bits of a Quantize codec: use --compression "
                          f"quantize, not {args.compression!r}")
+    if args.local_steps < 1:
+        parser.error("--local-steps must be positive")
+    if args.local_steps > 1 and (args.strategy == "ps" or args.pull_compression != "none"):
+        parser.error("--local-steps runs under --strategy mwms or local, without "
+                     "--pull-compression (not built yet for parameter servers)")
     if args.pull_compression != "none" and args.strategy == "mwms":
         parser.error("--pull-compression needs parameter servers (--strategy ps) or local")
     try:

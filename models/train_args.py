@@ -127,6 +127,16 @@ def build_parser():
              "agent's initial_bits); optional agent arguments, e.g. T=10,initial_bits=3")
     add("--no-error-feedback", dest="error_feedback", action="store_false",
         help="disable error feedback (residual accumulation)")
+    add("--local-steps", type=int, default=1,
+        help="H > 1: each replica trains its own copy H steps, then the replicas meet: "
+             "their pseudo-gradients cross with --compression and the outer optimizer "
+             "applies the mean (DiLoCo; --strategy mwms or local; the learning rate is "
+             "then not scaled by the replicas)")
+    add("--outer-optimizer", choices=("nesterov", "average"), default="nesterov",
+        help="with --local-steps: nesterov (DiLoCo's: --outer-lr, --outer-momentum) or "
+             "average (every copy becomes the replicas' mean, 3LC's local-steps baseline)")
+    add("--outer-lr", type=float, default=0.7, help="the nesterov outer learning rate")
+    add("--outer-momentum", type=float, default=0.9, help="the nesterov outer momentum")
     add("--min-elements", type=int, default=1024,
         help="variables with fewer elements are sent uncompressed")
     add("--strategy", choices=STRATEGIES, default="local")

@@ -177,6 +177,9 @@ def test_parser_rejects_what_a_model_cannot_do(capsys):
     with pytest.raises(SystemExit):
         train.main(["--model", "logistic", "--pull-compression", "threelc"])
     assert "--pull-compression applies to the image models" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--strategy", "ps", "--local-steps", "4"])
+    assert "--local-steps runs under --strategy mwms or local" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -241,6 +244,25 @@ def test_local_run(tmp_path):
     assert summary["payload_ratio"] > 10
     assert 0.0 <= summary["test_accuracy"] <= 1.0
     assert os.listdir(tmp_path / "run" / "tensorboard")
+
+
+@pytest.mark.slow
+def test_local_steps_run_pushes_at_meetings(tmp_path):
+    summary, rows, _ = run_cli(["--strategy", "local", "--steps", "8", "--log-every", "4",
+                                "--compression", "threelc", "--local-steps", "4",
+                                "--outer-optimizer", "average"], tmp_path, 300)
+    assert summary["local_steps"] == 4 and summary["outer_optimizer"]["momentum"] == 0.0
+    # Each epoch of 4 steps ends with a meeting, which sends the pseudo-gradients of the
+    # whole model: per step, a quarter of the model's fp32 bytes, compressed.
+    ends = [r for r in rows if r["push_bytes"] != ""]
+    assert [int(r["step"]) for r in ends] == [4, 8]
+    for row in ends:
+        dense = float(row["push_dense_bytes"])
+        # 4 fp32 bytes per parameter over 4 steps (the batch-norm statistics, 0.6% of
+        # the parameters, are not trained).
+        assert dense == pytest.approx(summary["parameters"], rel=0.01)
+        assert 0 < float(row["push_bytes"]) < dense / 10
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
 
 
 @pytest.mark.slow
