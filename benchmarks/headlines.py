@@ -151,6 +151,32 @@ def demo_headlines():
     return heads
 
 
+DEMO_LINKS = "benchmarks/data/demo_links/summaries.json"
+BOUND_SHARE_TARGET = 0.9  # of the speedup a run would have if compression cost nothing
+
+
+def demo_links_headline():
+    """The demo on 10 and 100 Mbit/s in one run (raw): ThreeLC's speedup over fp32, its
+    share of the zero-cost bound (fp32's step on the link over its loopback step), and
+    how much sooner it reached a training accuracy every run on the link reached."""
+    from models.cluster_demo import time_to_accuracy
+
+    summaries = read_json(DEMO_LINKS)
+    step = {(s["link"], s["compression"]): s["step_time_s"] for s in summaries}
+    reached = {(s["link"], s["compression"]): r[1]
+               for s, r in zip(summaries, time_to_accuracy(summaries)) if r}
+    parts, shares = [], []
+    for link, label in (("10mbit", "10 Mbit/s"), ("100mbit", "100 Mbit/s")):
+        speedup = step[(link, "none")] / step[(link, THREELC)]
+        bound = step[(link, "none")] / step[("loopback", "none")]
+        shares.append(speedup / bound)
+        sooner = reached[(link, "none")] / reached[(link, THREELC)]
+        parts.append(f"{label} {_x(speedup)} ({_percent(speedup / bound)} of {_x(bound)}), "
+                     f"{_x(sooner)} sooner to a training accuracy")
+    return Headline("demo-links", "; ".join(parts) + f"; target 90% of the bound "
+                    f"{_verdict(min(shares), BOUND_SHARE_TARGET)}", [DEMO_LINKS], True)
+
+
 # --- accuracy of longer runs (recorded) ------------------------------------------------
 
 LONG = "benchmarks/recorded/long_runs.csv"
@@ -452,7 +478,7 @@ def fuzz_headline():
 
 def compute():
     """Every headline, in the order of docs/results/index.md."""
-    return (demo_headlines() + accuracy_headlines() + wire_headlines() + entropy_headlines()
+    return (demo_headlines() + [demo_links_headline()] + accuracy_headlines() + wire_headlines() + entropy_headlines()
             + [codec_demo_headline(), bench_codecs_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
             + gradiveq_headlines() + [fuzz_headline()])
 

@@ -205,7 +205,7 @@ def accuracy_lines(summaries, window=3):
         if not runs:
             continue
         parts = [f"{_label(s)} {seconds:.0f} s" + (
-            f" ({base / seconds:.1f}x sooner)" if base and s["compression"] != fp32 else "")
+            f" (speedup {base / seconds:.1f}x)" if base and s["compression"] != fp32 else "")
             for s, (_, seconds) in runs]
         lines.append(f"{link}: time to a training accuracy of {runs[0][1][0]:.3f} "
                      f"(each run's epochs averaged over {window}; every run here reaches "

@@ -114,7 +114,7 @@ def test_demo_times_each_link_to_an_accuracy_all_its_runs_reach():
         (0.65, 30.0), (0.65, 6.0), (0.5, 1.0), None]
     lines = cluster_demo.accuracy_lines(runs, window=2)
     assert lines[0].startswith("10mbit: time to a training accuracy of 0.650")
-    assert lines[0].endswith("none 30 s, threelc 6 s (5.0x sooner).")
+    assert lines[0].endswith("none 30 s, threelc 6 s (speedup 5.0x).")
     assert len(lines) == 2 and lines[1].startswith("loopback:")
 
 
