@@ -177,6 +177,33 @@ def demo_links_headline():
                     f"{_verdict(min(shares), BOUND_SHARE_TARGET)}", [DEMO_LINKS], True)
 
 
+LOCAL_STEPS = "benchmarks/data/local_steps/mwms_{}.json"
+
+
+def local_steps_headlines():
+    """Local steps under MWMS (raw): bytes and accuracy against synchronous ThreeLC and
+    fp32 on loopback; step-time speedups at 10 Mbit/s."""
+    heads = []
+    runs = {r["config"]: r for r in read_json(LOCAL_STEPS.format("loopback"))}
+    sent = {k: r["socket_worker0_sent_bytes_per_step"] for k, r in runs.items()}
+    points = {k: 100 * (r["test_accuracy"] - runs["fp32"]["test_accuracy"])
+              for k, r in runs.items()}
+    parts = [f"{name.split()[1]}: {_x(sent['threelc'] / sent[name])} fewer bytes than "
+             f"synchronous ThreeLC, {_points(points[name])} points"
+             for name in ("threelc H=4 average", "threelc H=8 average")]
+    heads.append(Headline(
+        "local-steps-mwms", "; ".join(parts) + f" (synchronous ThreeLC {_points(points['threelc'])})",
+        [LOCAL_STEPS.format("loopback")], True))
+    runs = {r["config"]: r for r in read_json(LOCAL_STEPS.format("10mbit"))}
+    step = {k: r["step_time_s"] for k, r in runs.items()}
+    heads.append(Headline(
+        "local-steps-10mbit", f"H=4 {_x(step['fp32'] / step['threelc H=4 average'])}, H=8 "
+        f"{_x(step['fp32'] / step['threelc H=8 average'])}, synchronous ThreeLC "
+        f"{_x(step['fp32'] / step['threelc'])} faster steps than fp32",
+        [LOCAL_STEPS.format("10mbit")], True))
+    return heads
+
+
 # --- accuracy of longer runs (recorded) ------------------------------------------------
 
 LONG = "benchmarks/recorded/long_runs.csv"
@@ -478,7 +505,8 @@ def fuzz_headline():
 
 def compute():
     """Every headline, in the order of docs/results/index.md."""
-    return (demo_headlines() + [demo_links_headline()] + accuracy_headlines() + wire_headlines() + entropy_headlines()
+    return (demo_headlines() + [demo_links_headline()] + local_steps_headlines()
+            + accuracy_headlines() + wire_headlines() + entropy_headlines()
             + [codec_demo_headline(), bench_codecs_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
             + gradiveq_headlines() + [fuzz_headline()])
 

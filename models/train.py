@@ -446,7 +446,8 @@ def launch_workers(args, argv):
     from tfgc import cluster as cluster_lib
 
     with cluster_lib.LocalCluster(num_ps=0, num_workers=args.workers, timeout_s=args.timeout,
-                                  log_dir=os.path.join(args.out, "worker-logs")) as c:
+                                  log_dir=os.path.join(args.out, "worker-logs"),
+                                  **_bandwidth_kwargs(args)) as c:
         _log(f"running {args.workers} MultiWorkerMirroredStrategy workers on "
              f"{', '.join(c.addresses['worker'])}; logs in {c.log_dir}")
         results = c.run_workers(["-m", "models.train", *argv, "--_worker"],
@@ -526,8 +527,8 @@ def main(argv=None):
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")
                               .replace("=", "").replace(",", "_"), args.strategy])
     args.out = os.path.abspath(args.out or os.path.join("runs", args.name))
-    if args.bandwidth and args.strategy != "ps":
-        parser.error("--bandwidth applies to --strategy ps")
+    if args.bandwidth and args.strategy not in ("ps", "mwms"):
+        parser.error("--bandwidth applies to --strategy ps or mwms")
     if args.strategy != "local" and not args.tf_config and not args._worker:
         # This process starts a local cluster: keep it unreachable from other hosts. The
         # namespace reaches no package registry, so the data is fetched first.

@@ -142,7 +142,8 @@ def build_parser():
     add("--strategy", choices=STRATEGIES, default="local")
     add("--workers", type=int, default=2)
     add("--ps", type=int, default=1, help="parameter servers (--strategy ps)")
-    add("--bandwidth", default=None, help="emulated link bandwidth, e.g. 10mbit (ps)")
+    add("--bandwidth", default=None,
+        help="emulated link bandwidth, e.g. 10mbit (ps, mwms; root and iproute2)")
     add("--steps", type=int, default=100, help="training steps (see the strategies)")
     add("--log-every", type=int, default=50,
         help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")

@@ -303,3 +303,10 @@ print("ok")
 @pytest.mark.slow
 def test_mirrored_replicas_step_alone_and_meet_at_their_mean(run_python):
     assert "ok" in run_python(MIRRORED_SCRIPT, timeout=300)
+
+
+def test_local_steps_with_a_keras3_optimizer_is_not_built_yet():
+    keras = pytest.importorskip("keras")
+    with pytest.raises(NotImplementedError, match="tf_keras optimizer"):
+        tfgc.DistributedOptimizer(keras.optimizers.SGD(LR), compression=codecs.ThreeLC(),
+                                  local_steps=2)
