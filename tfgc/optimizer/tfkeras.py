@@ -157,14 +157,16 @@ class _CompressingMixin(CompressingBase):
           strategy: the strategy the model was made under (default: the one in scope).
 
         Raises:
-          ValueError: the optimizer has no local steps, or has not stepped yet.
+          ValueError: the optimizer has no local steps, or is not built yet (by its first
+            step or `build`).
         """
         if self.outer_optimizer is None:
             raise ValueError("synchronize() is for local steps: this optimizer was made "
                              "without local_steps or outer_optimizer")
         meetings = getattr(self, "_meetings", None)
         if meetings is None:
-            raise ValueError("synchronize() before the first step: nothing to meet over")
+            raise ValueError("synchronize() before the optimizer is built (by its first step "
+                             "or build()): there is nothing to meet over")
         if meetings.function is None:
             strategy = strategy or tf.distribute.get_strategy()
             meetings.function = tf.function(lambda: strategy.run(self._outer_step))
