@@ -127,6 +127,11 @@ def test_outer_steps_refuses_a_model_without_local_steps():
         model.fit(x, y, epochs=1, verbose=0, callbacks=[tfgc.callbacks.OuterSteps()])
     with pytest.raises(ValueError, match="synchronize\\(\\) is for local steps"):
         model.optimizer.synchronize()
+    unbuilt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(LR),
+                                        compression=codecs.ThreeLC(), local_steps=2)
+    assert not unbuilt.maybe_synchronize() and unbuilt.local_steps_since_meeting() == 0
+    with pytest.raises(ValueError, match="before the optimizer is built"):
+        unbuilt.synchronize()
 
 
 def test_config_round_trips_and_anchors_are_checkpointed(tmp_path):
