@@ -181,32 +181,28 @@ LOCAL_STEPS = "benchmarks/data/local_steps/mwms_{}.json"
 LOCAL_STEPS_SEEDS = ("loopback", "loopback_seed1", "loopback_seed2")
 
 
-def local_steps_points(name):
-    """{seed file: test-accuracy points of configuration `name` against fp32's}."""
-    points = {}
-    for key in LOCAL_STEPS_SEEDS:
-        runs = {r["config"]: r for r in read_json(LOCAL_STEPS.format(key))}
-        points[key] = 100 * (runs[name]["test_accuracy"] - runs["fp32"]["test_accuracy"])
-    return points
+def _local_steps_runs(key):
+    """{configuration: summary} of one local-steps benchmark output."""
+    return {r["config"]: r for r in read_json(LOCAL_STEPS.format(key))}
 
 
 def local_steps_headlines():
     """Local steps under MWMS (raw): bytes against synchronous ThreeLC (seed 0) and test
     accuracy against fp32 (mean of 3 seeds) on loopback; step-time speedups at 10 Mbit/s."""
     heads = []
-    runs = {r["config"]: r for r in read_json(LOCAL_STEPS.format("loopback"))}
-    sent = {k: r["socket_worker0_sent_bytes_per_step"] for k, r in runs.items()}
+    seeds = [_local_steps_runs(key) for key in LOCAL_STEPS_SEEDS]
+    sent = {k: r["socket_worker0_sent_bytes_per_step"] for k, r in seeds[0].items()}
     parts = []
     for name in ("threelc H=4 average", "threelc H=8 average"):
-        points = list(local_steps_points(name).values())
+        points = [100 * (runs[name]["test_accuracy"] - runs["fp32"]["test_accuracy"])
+                  for runs in seeds]
         parts.append(f"{name.split()[1]}: {_x(sent['threelc'] / sent[name])} fewer bytes than "
                      f"synchronous ThreeLC, {_points(np.mean(points))} points (mean of "
                      f"{len(points)} seeds)")
     heads.append(Headline(
         "local-steps-mwms", "; ".join(parts),
         [LOCAL_STEPS.format(key) for key in LOCAL_STEPS_SEEDS], True))
-    runs = {r["config"]: r for r in read_json(LOCAL_STEPS.format("10mbit"))}
-    step = {k: r["step_time_s"] for k, r in runs.items()}
+    step = {k: r["step_time_s"] for k, r in _local_steps_runs("10mbit").items()}
     heads.append(Headline(
         "local-steps-10mbit", f"H=4 {_x(step['fp32'] / step['threelc H=4 average'])}, H=8 "
         f"{_x(step['fp32'] / step['threelc H=8 average'])}, synchronous ThreeLC "

@@ -166,6 +166,7 @@ def train(args):
     codec = parse_compression(args.compression)
     steps_per_epoch = min(args.log_every, args.steps)
     epochs = max(1, -(-args.steps // steps_per_epoch))
+    outer = outer_optimizer(args)
     summary = {
         "name": args.name, "model": args.model, "dataset_requested": args.dataset,
         **workload.summary_fields(),
@@ -176,8 +177,7 @@ def train(args):
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "weight_decay": args.weight_decay, "weight_decay_mode": args.weight_decay_mode,
         "bandwidth": args.bandwidth, "local_steps": args.local_steps,
-        "outer_optimizer": (None if outer_optimizer(args) is None
-                            else outer_optimizer(args).get_config()),
+        "outer_optimizer": None if outer is None else outer.get_config(),
         "command": "python -m models.train " + " ".join(args.argv),
     }
     is_chief, cluster = True, None
