@@ -40,9 +40,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 DEFAULT_COMPRESSIONS = ("none", "threelc:sparsity=1.0")
 
 
-def run_training(compression, args, out_dir, link=None):
-    """Runs models.train for one compression (on an emulated `link`, e.g. "10mbit",
-    or loopback) in a child process; returns its summary."""
+def split_run(entry):
+    """(codec, local steps) of a --compressions entry: CODEC, or CODEC@H for H local
+    steps (each worker trains its copy H steps, then meets the server)."""
+    codec, _, steps = entry.partition("@")
+    if not steps:
+        return codec, 1
+    if not steps.isdigit() or int(steps) < 1:
+        raise ValueError(f"{entry!r}: the local steps after @ must be a positive integer")
+    return codec, int(steps)
+
+
+def run_training(entry, args, out_dir, link=None):
+    """Runs models.train for one --compressions entry (on an emulated `link`, e.g.
+    "10mbit", or loopback) in a child process; returns its summary."""
+    compression, local_steps = split_run(entry)
+    local = ([] if local_steps == 1 else
+             ["--local-steps", str(local_steps), "--outer-optimizer", args.outer_optimizer])
     command = [
         sys.executable, "-m", "models.train",
         "--strategy", "ps", "--ps", "1", "--workers", str(args.workers),
@@ -55,8 +69,8 @@ def run_training(compression, args, out_dir, link=None):
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
         "--pull-compression", pull_compression_of(compression, args),
         "--timeout", str(args.timeout), "--verbose", "2",
-    ] + (["--bandwidth", link] if link else [])
-    print(f"\n=== {compression}: {' '.join(command[1:])}", flush=True)
+    ] + local + (["--bandwidth", link] if link else [])
+    print(f"\n=== {entry}: {' '.join(command[1:])}", flush=True)
     proc = subprocess.Popen(command, start_new_session=True)
     try:
         proc.wait(timeout=args.timeout)
@@ -68,14 +82,14 @@ def run_training(compression, args, out_dir, link=None):
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-        raise RuntimeError(f"the {compression} run did not finish within {args.timeout} s")
+        raise RuntimeError(f"the {entry} run did not finish within {args.timeout} s")
     except BaseException:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(timeout=20)
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"the {compression} run failed with exit code {proc.returncode}")
+        raise RuntimeError(f"the {entry} run failed with exit code {proc.returncode}")
     with open(os.path.join(out_dir, "summary.json")) as f:
         summary = json.load(f)
     summary["link"] = link or "loopback"
@@ -88,17 +102,32 @@ def run_training(compression, args, out_dir, link=None):
 def pull_compression_of(compression, args):
     """The pulls' codec of the run whose pushes use `compression`: fp32 for the fp32 run
     and under --no-pulls, else --pull-compression where given, else the push codec."""
+    compression = split_run(compression)[0]
     if compression == "none" or not args.pulls:
         return "none"
     return args.pull_compression or compression
 
 
+def _run_key(summary):
+    """What tells a link's runs apart: the push codec and the local steps."""
+    steps = summary.get("local_steps", 1)
+    return summary["compression"] + ("" if steps == 1 else f"@{steps}")
+
+
 def _label(summary):
-    """The compression column: the push codec, and the pulls' where they differ."""
+    """The compression column: the push codec, the pulls' where they differ, and the
+    local steps."""
     pulls = summary.get("pull_compression", "none")
-    if pulls in ("none", summary["compression"]):
-        return summary["compression"]
-    return f"{summary['compression']}, pulls {pulls}"
+    label = summary["compression"]
+    if pulls not in ("none", summary["compression"]):
+        label += f", pulls {pulls}"
+    steps = summary.get("local_steps", 1)
+    if steps > 1:
+        outer = summary.get("outer_optimizer") or {}
+        label += f", {steps} local steps" + (
+            " (averaging)" if outer.get("momentum") == 0 and outer.get("learning_rate") == 1
+            else f" (outer lr {outer.get('learning_rate')}, momentum {outer.get('momentum')})")
+    return label
 
 
 def _mb(n):
@@ -120,7 +149,7 @@ def _first_epoch(summary, base):
 
 def results_table(summaries):
     """A Markdown table of the runs; ratios against the uncompressed run on the same link."""
-    base = {s["link"]: s for s in summaries if s["compression"] == summaries[0]["compression"]}
+    base = {s["link"]: s for s in summaries if _run_key(s) == _run_key(summaries[0])}
     lines = [
         "| link | compression | test acc | train loss | worker->PS MB/step | PS->worker MB/step "
         "| worker->PS ratio (socket) | PS->worker ratio (socket) | push payload ratio "
@@ -145,18 +174,18 @@ def results_table(summaries):
 def speedup_limits(summaries):
     """Lines saying how close each emulated-link speedup came to what the machine
     allows: no run can step faster than the same run's steps on loopback (compute)."""
-    loopback = {s["compression"]: s for s in summaries if s["link"] == "loopback"}
-    fp32 = summaries[0]["compression"]
+    loopback = {_run_key(s): s for s in summaries if s["link"] == "loopback"}
+    fp32 = _run_key(summaries[0])
     lines = []
     for s in summaries:
-        if s["link"] == "loopback" or s["compression"] == fp32 or s["compression"] not in loopback:
+        if s["link"] == "loopback" or _run_key(s) == fp32 or _run_key(s) not in loopback:
             continue
-        base = next(b for b in summaries if b["link"] == s["link"] and b["compression"] == fp32)
+        base = next(b for b in summaries if b["link"] == s["link"] and _run_key(b) == fp32)
         speedup = base["step_time_s"] / s["step_time_s"]
-        own_limit = base["step_time_s"] / loopback[s["compression"]]["step_time_s"]
+        own_limit = base["step_time_s"] / loopback[_run_key(s)]["step_time_s"]
         fp32_limit = base["step_time_s"] / loopback[fp32]["step_time_s"]
         lines.append(
-            f"{s['link']}, {s['compression']}: {speedup:.1f}x faster steps than fp32; at most "
+            f"{s['link']}, {_label(s)}: {speedup:.1f}x faster steps than fp32; at most "
             f"{own_limit:.1f}x with this codec's own loopback step time ({speedup / own_limit:.0%} "
             f"of it), {fp32_limit:.1f}x if compression cost no compute ({speedup / fp32_limit:.0%}).")
     return lines
@@ -197,15 +226,15 @@ def time_to_accuracy(summaries, window=3):
 def accuracy_lines(summaries, window=3):
     """Lines giving each link's time to a common training accuracy, against fp32's."""
     reached = time_to_accuracy(summaries, window)
-    fp32 = summaries[0]["compression"]
+    fp32 = _run_key(summaries[0])
     lines = []
     for link in dict.fromkeys(s["link"] for s in summaries):
         runs = [(s, r) for s, r in zip(summaries, reached) if s["link"] == link and r]
-        base = next((r[1] for s, r in runs if s["compression"] == fp32), None)
+        base = next((r[1] for s, r in runs if _run_key(s) == fp32), None)
         if not runs:
             continue
         parts = [f"{_label(s)} {seconds:.0f} s" + (
-            f" (speedup {base / seconds:.1f}x)" if base and s["compression"] != fp32 else "")
+            f" (speedup {base / seconds:.1f}x)" if base and _run_key(s) != fp32 else "")
             for s, (_, seconds) in runs]
         lines.append(f"{link}: time to a training accuracy of {runs[0][1][0]:.3f} "
                      f"(each run's epochs averaged over {window}; every run here reaches "
@@ -228,7 +257,12 @@ def main(argv=None):
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--dataset", default="cifar10",
                         help="cifar10 if available offline, else Fashion-MNIST (recorded)")
-    parser.add_argument("--compressions", nargs="+", default=list(DEFAULT_COMPRESSIONS))
+    parser.add_argument("--compressions", nargs="+", default=list(DEFAULT_COMPRESSIONS),
+                        help="the runs: codecs (models.train --compression), each with "
+                             "@H for H local steps, e.g. threelc:sparsity=1.0@4")
+    parser.add_argument("--outer-optimizer", choices=("average", "nesterov"),
+                        default="average",
+                        help="the meetings of the @H runs (models.train --outer-optimizer)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-pulls", dest="pulls", action="store_false",
                         help="compress pushes only (model pulls stay fp32)")
@@ -256,6 +290,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.pull_compression and not args.pulls:
         parser.error("--pull-compression and --no-pulls contradict each other")
+    for entry in args.compressions:
+        try:
+            codec, local_steps = split_run(entry)
+        except ValueError as error:
+            parser.error(str(error))
+        if local_steps > 1 and pull_compression_of(codec, args) == "none":
+            parser.error(f"{entry}: local steps train each worker's copy of the model, its "
+                         "caches of compressed pulls; they need pulls (not --no-pulls, "
+                         "not the fp32 run)")
 
     from tfgc import cluster
 
@@ -271,12 +314,14 @@ def main(argv=None):
     started = time.monotonic()
     summaries, run_dirs = [], []
     for link in links:
-        for compression in args.compressions:
+        for entry in args.compressions:
+            compression, local_steps = split_run(entry)
             pulls = pull_compression_of(compression, args)
             name = compression + ("" if pulls in ("none", compression) else "_pulls_" + pulls)
+            name += "" if local_steps == 1 else f"_h{local_steps}"
             name = name.replace(":", "_").replace("=", "").replace(",", "_")
             run_dirs.append(os.path.join(args.out, name + (f"_{link}" if link else "")))
-            summaries.append(run_training(compression, args, run_dirs[-1], link))
+            summaries.append(run_training(entry, args, run_dirs[-1], link))
     from models import plots
 
     png = plots.plot_runs(run_dirs, os.path.join(args.out, "demo.png"), smooth=1)

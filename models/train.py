@@ -508,9 +508,12 @@ def main(argv=None):
                          f"quantize, not {args.compression!r}")
     if args.local_steps < 1:
         parser.error("--local-steps must be positive")
-    if args.local_steps > 1 and (args.strategy == "ps" or args.pull_compression != "none"):
-        parser.error("--local-steps runs under --strategy mwms or local, without "
-                     "--pull-compression (not built yet for parameter servers)")
+    if args.local_steps > 1 and args.strategy == "ps" and args.pull_compression == "none":
+        parser.error("--local-steps under --strategy ps trains each worker's copy of the "
+                     "model, its caches of compressed pulls: give --pull-compression")
+    if args.local_steps > 1 and args.strategy == "local" and args.pull_compression != "none":
+        parser.error("--local-steps with --pull-compression in one process is not built "
+                     "yet (it runs under --strategy ps)")
     if args.pull_compression != "none" and args.strategy == "mwms":
         parser.error("--pull-compression needs parameter servers (--strategy ps) or local")
     try:

@@ -131,7 +131,8 @@ def build_parser():
         help="H > 1: each replica trains its own copy H steps, then the replicas meet: "
              "their pseudo-gradients cross with --compression and the outer optimizer "
              "applies the mean (DiLoCo; --strategy mwms or local; the learning rate is "
-             "then not scaled by the replicas)")
+             "then not scaled by the replicas). Under --strategy ps each worker trains its "
+             "caches of compressed pulls (--pull-compression) and meets the server alone")
     add("--outer-optimizer", choices=("nesterov", "average"), default="nesterov",
         help="with --local-steps: nesterov (DiLoCo's: --outer-lr, --outer-momentum) or "
              "average (every copy becomes the replicas' mean, 3LC's local-steps baseline)")

@@ -315,3 +315,87 @@ def test_local_steps_with_a_keras3_optimizer_is_not_built_yet():
     with pytest.raises(NotImplementedError, match="tf_keras optimizer"):
         tfgc.DistributedOptimizer(keras.optimizers.SGD(LR), compression=codecs.ThreeLC(),
                                   local_steps=2)
+
+
+PS_COORDINATOR = cluster_scripts.script(
+    """
+    from sklearn.datasets import load_digits
+
+    name, workers, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    data = load_digits()
+    x = (data.images / 16.0).reshape(-1, 64).astype("float32")
+    y = data.target
+    settings = {  # name: (codec of pushes and pulls, local steps, outer optimizer)
+        "fp32": (tfgc.codecs.NoCompression(), 1, None),
+        "fp32_average_h1": (tfgc.codecs.NoCompression(), 1, tfgc.OuterSGD.averaging()),
+        "fp32_average_h4": (tfgc.codecs.NoCompression(), 4, tfgc.OuterSGD.averaging()),
+        "threelc_h4": (tfgc.codecs.ThreeLC(1.0), 4, tfgc.OuterSGD.averaging()),
+    }
+    codec, local_steps, outer = settings[name]
+    with cluster.LocalCluster(num_ps=1, num_workers=workers, timeout_s=240) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        with strategy.scope(), tfgc.compressed_pulls():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential([
+                tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),
+                tf_keras.layers.Dense(10)])
+        with strategy.scope():
+            opt = tfgc.DistributedOptimizer(
+                tf_keras.optimizers.SGD(0.05, momentum=0.9), compression=codec,
+                pull_compression=codec, local_steps=local_steps, outer_optimizer=outer)
+            model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        # In order, so that two runs with one worker see the same batches.
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+        callbacks = [tfgc.callbacks.OuterSteps()] if outer else []
+        # A first epoch (tracing, the functions sent to the workers, the first full
+        # pulls), then the measured one.
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+        up, down = c.traffic_between("worker", "ps"), c.traffic_between("ps", "worker")
+        history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
+                            callbacks=callbacks)
+        result = {
+            "loss": history.history["loss"],
+            "worker_to_ps": c.traffic_between("worker", "ps") - up,
+            "ps_to_worker": c.traffic_between("ps", "worker") - down,
+            "traffic": {k: int(v.numpy()) for k, v in opt.traffic.items()},
+            "iterations": int(opt.iterations.numpy()),
+            "weights": [w.tolist() for w in model.get_weights()],
+        }
+        if local_steps > 1:
+            pulls = model.trainable_variables[0].owner
+            result["worker_steps"] = [int(v.numpy()) for v in pulls.local_step.read_all()]
+    send_report(result)
+    """
+)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_server_workers_train_their_copies_and_meet_every_h_steps(run_report):
+    runs = {name: run_report(PS_COORDINATOR, timeout=400, args=[name, str(workers), str(steps)])
+            for name, workers, steps in [("fp32", 1, 8), ("fp32_average_h1", 1, 8),
+                                         ("fp32_average_h4", 1, 8), ("threelc_h4", 2, 24)]}
+    # One worker that meets with plain averaging takes the steps it would without local
+    # steps (SGD with momentum, each step's pushed and applied to the master), whether
+    # it meets every step or every 4 (16 steps, fp32 both ways), to within float
+    # rounding: (copy + step) - anchor is the step to an ulp of the weight, which later
+    # gradients carry on. A lost momentum or step would be off by ~1e-3.
+    for name in ("fp32_average_h1", "fp32_average_h4"):
+        for plain, local in zip(runs["fp32"]["weights"], runs[name]["weights"]):
+            np.testing.assert_allclose(local, plain, rtol=0, atol=1e-4, err_msg=name)
+    # With H = 4 each worker pulls at the first and pushes at the last of every 4 of
+    # its steps: the counters count the meetings' and the pulls' dense bytes only.
+    local = runs["threelc_h4"]
+    model_bytes = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    worker_steps = local["worker_steps"]
+    assert sum(worker_steps) == local["iterations"] == 48
+    meetings, pulls = sum(s // 4 for s in worker_steps), sum(-(-s // 4) for s in worker_steps)
+    assert local["traffic"]["push_dense_bytes"] == meetings * model_bytes
+    assert local["traffic"]["pull_dense_bytes"] == pulls * model_bytes
+    # What was counted crossed (the second epoch's sockets carry at least its half).
+    assert local["worker_to_ps"] >= local["traffic"]["push_bytes"] / 2
+    assert local["ps_to_worker"] >= local["traffic"]["pull_bytes"] / 2
+    # ThreeLC's pseudo-gradients: at most ~2 bits a value (zero-run encoding of the
+    # quartic bytes), and the workers learn.
+    assert local["traffic"]["push_bytes"] < local["traffic"]["push_dense_bytes"] / 16
+    assert local["loss"][-1] < 1.5, local["loss"]

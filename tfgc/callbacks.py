@@ -1,6 +1,7 @@
 """Keras (tf_keras) callbacks of tfgc; imported on first use, as they need tf_keras."""
 import tf_keras
 
+from tfgc.distribute import is_parameter_server
 from tfgc.mqgrad.callback import MQGrad
 from tfgc.optimizer.base import compressing_optimizer
 from tfgc.telemetry import TrafficLogger
@@ -16,11 +17,19 @@ class OuterSteps(tf_keras.callbacks.Callback):
     were taken since the last meeting, and at the end of training it meets over the
     steps left, so the model `fit` returns is the replicas' common one. Every worker of
     MultiWorkerMirroredStrategy runs it. `steps_per_execution` must divide
-    `local_steps` (batch callbacks run once per execution).
+    `local_steps` (batch callbacks run once per execution). Under
+    ParameterServerStrategy the workers meet the servers inside their own steps and
+    it does nothing: the model `fit` returns is the servers', which lacks what each
+    worker trained since its last meeting.
 
     Raises:
       ValueError: at the start of training, the model's optimizer has no local steps.
     """
+
+    def __init__(self):
+        super().__init__()
+        # It reads no logs: tf_keras then lets it run under ParameterServerStrategy.
+        self._supports_tf_logs = True
 
     def on_train_begin(self, logs=None):
         optimizer = compressing_optimizer(self.model.optimizer)
@@ -28,11 +37,14 @@ class OuterSteps(tf_keras.callbacks.Callback):
             raise ValueError(
                 "OuterSteps runs the meetings of local steps: compile the model with "
                 "tfgc.DistributedOptimizer(..., local_steps=H)")
-        self._optimizer = optimizer
+        # None under parameter servers: nothing to run.
+        self._optimizer = (None if is_parameter_server(self.model.distribute_strategy)
+                           else optimizer)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._optimizer.maybe_synchronize(self.model.distribute_strategy)
+        if self._optimizer is not None:
+            self._optimizer.maybe_synchronize(self.model.distribute_strategy)
 
     def on_train_end(self, logs=None):
-        if self._optimizer.local_steps_since_meeting() > 0:
+        if self._optimizer is not None and self._optimizer.local_steps_since_meeting() > 0:
             self._optimizer.synchronize(self.model.distribute_strategy)

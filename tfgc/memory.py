@@ -217,3 +217,37 @@ def _keep_unsent(total, sent, residual):
     # overflowing (inf - x and NaN - x are not finite).
     unsent = total - sent
     residual.assign(tf.where(base.all_finite(unsent), unsent, residual))
+
+
+class StagedResidual:
+    """A residual's value read now, whose new value is held rather than written.
+
+    Error feedback reads a residual and assigns it; where that happens in a branch of a
+    step that must not touch the variable (a per-worker variable is not reachable from a
+    branch's function under ParameterServerStrategy), the branch is given this instead,
+    returns `value`, and the caller writes it.
+
+    Args:
+      value: the residual's current value (a tensor).
+    """
+
+    def __init__(self, value):
+        self.value = tf.convert_to_tensor(value)
+
+    @property
+    def shape(self):
+        return self.value.shape
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    def read_value(self):
+        return self.value
+
+    def assign(self, value):
+        self.value = tf.convert_to_tensor(value)
+
+
+tf.register_tensor_conversion_function(
+    StagedResidual, lambda staged, dtype=None, name=None, as_ref=False: staged.value)

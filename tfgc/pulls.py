@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tfgc import codecs as codecs_lib
 from tfgc.codecs import base
-from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server
+from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable
 from tfgc.variables import buffers, creating_buffers, pulled
 from tfgc.wire import ParameterServerPull
 from tfgc.wire.encoder import (
@@ -58,11 +58,14 @@ class PullCodecs(NamedTuple):
       compression: the codec of the deltas of variables with `min_elements` or more.
       small_compression: the codec of smaller ones (None: sent as they are).
       min_elements: the threshold.
+      local_steps: a worker pulls at the first of every `local_steps` of its steps
+        and trains its copy alone in the others (tfgc.local_steps); 1: every step.
     """
 
     compression: base.Codec
     small_compression: Optional[base.Codec]
     min_elements: int
+    local_steps: int = 1
 
     def codec_for(self, master):
         """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
@@ -74,7 +77,7 @@ class PullCodecs(NamedTuple):
         """A string equal for equal settings."""
         return json.dumps([None if c is None else codecs_lib.serialize(c)
                            for c in (self.compression, self.small_compression)]
-                          + [self.min_elements], sort_keys=True, default=str)
+                          + [self.min_elements, self.local_steps], sort_keys=True, default=str)
 
 
 def default_pull_codecs(compression):
@@ -97,6 +100,8 @@ class CompressedPulls:
     Attributes:
       variables: the `PulledVariable`s it owns, in creation order.
       codecs: the `PullCodecs` their pulls use; None until the pulls start.
+      local_step: with local steps, per worker the steps it has taken (an int64
+        per-worker variable its pulls read and its optimizer advances); else None.
     """
 
     def __init__(self, compression=None, min_elements=0, batch_norm_on_server=True):
@@ -108,9 +113,10 @@ class CompressedPulls:
         self.batch_norm_on_server = bool(batch_norm_on_server)
         self.variables = []
         self.codecs = None
+        self.local_step = None
         self._strategy = tf.distribute.get_strategy()
         self._counters = None  # the TrafficCounters of the optimizer that applies them
-        self._pending = []  # [(graph, counted)] traced before there were counters
+        self._pending = []  # [(graph, counted, happened)] traced before there were counters
         self._pulls = weakref.WeakKeyDictionary()  # graph -> {group: its pull op}
         self._scope = None
         self._number = next(_made)
@@ -168,9 +174,13 @@ class CompressedPulls:
             groups.setdefault((variable.master.device, variable.master.dtype),
                               []).append(variable)
         with tf.init_scope():  # the groups' buffers are not part of a traced step
+            if pull_codecs.local_steps > 1:
+                self.local_step = local_variable(tf.constant(0, tf.int64), "local_step",
+                                                 per_worker=True)
             for members in groups.values():
                 member_codecs = [pull_codecs.codec_for(v.master) for v in members]
-                group = ParameterServerPull(members, member_codecs)
+                group = ParameterServerPull(members, member_codecs,
+                                            pull_codecs.local_steps, self.local_step)
                 for variable, codec in zip(members, member_codecs):
                     variable.enable_compressed_pulls(codec, group)
 
@@ -244,16 +254,16 @@ class CompressedPulls:
         pulls = self._pulls.setdefault(graph, {})
         if group not in pulls:
             pulls[group] = None  # a read while adding the pull: no pull
-            done, counted = group.pull([v.cache.handle for v in group.variables])
+            done, counted, happened = group.pull([v.cache.handle for v in group.variables])
             pulls[group] = done
-            self._count(graph, counted)
+            self._count(graph, counted, happened)
         return pulls[group]
 
-    def _count(self, graph, counted):
+    def _count(self, graph, counted, happened):
         if self._counters is None:
-            self._pending.append((graph, counted))
+            self._pending.append((graph, counted, happened))
         else:
-            self._counters.record("pull", counted)
+            self._counters.record("pull", counted, happened)
 
     def count_pending(self):
         """Counts the pulls of the current graph traced before the counters existed (the
@@ -262,11 +272,11 @@ class CompressedPulls:
             return
         graph = tf.compat.v1.get_default_graph()
         pending, self._pending = self._pending, []
-        for traced_in, counted in pending:
+        for traced_in, counted, happened in pending:
             if traced_in is graph:
-                self._counters.record("pull", counted)
+                self._counters.record("pull", counted, happened)
             else:
-                self._pending.append((traced_in, counted))
+                self._pending.append((traced_in, counted, happened))
 
 
 def _scopes():

@@ -48,8 +48,12 @@ class TrafficCounters:
         self.names = list(names) + ["(variables built later; batch-norm statistics)"]
         self._position = position
 
-    def record(self, direction, sent):
-        """Adds one step's [(variable, payload bytes)] to the `direction` counter."""
+    def record(self, direction, sent, happened=None):
+        """Adds one step's [(variable, payload bytes)] to the `direction` counter.
+
+        `happened`: a boolean scalar, False where the step did not make the transfer
+        after all (a pull a worker skips in its local steps): its dense bytes then
+        count 0, as its payload bytes do."""
         if not sent:
             return
         other = len(self.names) - 1
@@ -64,9 +68,10 @@ class TrafficCounters:
                  else contextlib.nullcontext())
         with place:
             # One constant for all the dense sizes: a traced step records many variables.
-            updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]),
-                                 tf.constant([_dense_nbytes(v) for v, _ in sent], tf.int64)],
-                                0)
+            dense = tf.constant([_dense_nbytes(v) for v, _ in sent], tf.int64)
+            if happened is not None:
+                dense *= tf.cast(happened, tf.int64)
+            updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]), dense], 0)
             counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
     def totals(self):

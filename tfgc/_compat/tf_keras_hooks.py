@@ -3,6 +3,8 @@ slow to import)."""
 import collections
 import inspect
 
+import tensorflow as tf
+
 from tfgc._compat._registry import _hook, _internal, _method, _module, missing
 
 # --- tf_keras (probed at first use) -----------------------------------------------------
@@ -179,3 +181,39 @@ def tf_keras_steps_per_execution(model):
     """
     _internal("tf_keras_steps_per_execution")
     return getattr(model, "_steps_per_execution", None)
+
+
+@_hook("tf_keras_sgd_step", "tf_keras",
+       "tf_keras.optimizers.Optimizer's `_learning_rate` (a value or a schedule of "
+       "`iterations`) and `_use_weight_decay`")
+def _probe_tf_keras_sgd_step():
+    import tf_keras  # noqa: PLC0415
+
+    optimizer = tf_keras.optimizers.SGD(0.1)
+    if not hasattr(optimizer, "_learning_rate"):
+        raise LookupError("an Optimizer has no _learning_rate")
+    _method(tf_keras.optimizers.Optimizer, "_use_weight_decay")
+    return tf_keras.optimizers.schedules.LearningRateSchedule
+
+
+def tf_keras_learning_rate_now(optimizer):
+    """A tf_keras optimizer's learning rate at its current `iterations` (a schedule's
+    value there, computed now: the optimizer computes it only in `apply_gradients`).
+
+    Relies on `Optimizer._learning_rate`.
+    """
+    schedule_class = _internal("tf_keras_sgd_step")
+    rate = optimizer._learning_rate  # noqa: SLF001
+    if isinstance(rate, schedule_class):
+        return tf.convert_to_tensor(rate(optimizer.iterations))
+    return tf.convert_to_tensor(rate)
+
+
+def tf_keras_uses_weight_decay(optimizer, variable):
+    """Whether a tf_keras optimizer applies its `weight_decay` to `variable` (not
+    excluded with `exclude_from_weight_decay`).
+
+    Relies on `Optimizer._use_weight_decay`.
+    """
+    _internal("tf_keras_sgd_step")
+    return bool(optimizer.weight_decay) and optimizer._use_weight_decay(variable)  # noqa: SLF001

@@ -189,8 +189,9 @@ class CompressingBase:
         without `pull_compression`."""
         if self.pull_compression is None:
             return None
-        return pulls.PullCodecs(self.pull_compression, self.small_compression,
-                                self.min_elements)
+        return pulls.PullCodecs(
+            self.pull_compression, self.small_compression, self.min_elements,
+            self.local_steps if self.outer_optimizer is not None else 1)
 
     def _masters(self, variables):
         """The variables updates go to: the master of each `PulledVariable`."""

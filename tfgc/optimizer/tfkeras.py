@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tfgc import _compat, local_steps
 from tfgc.distribute import is_parameter_server
+from tfgc.optimizer import local_steps_ps
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
 from tfgc.server_variables import created_by_name
@@ -68,10 +69,14 @@ class _CompressingMixin(CompressingBase):
             return
         strategy = tf.distribute.get_strategy()
         if is_parameter_server(strategy) or self._saw_pulled:
-            raise NotImplementedError(
-                "local_steps under ParameterServerStrategy (or with compressed pulls) is not "
-                "built yet: local steps run under MultiWorkerMirroredStrategy, "
-                "MirroredStrategy and in one process")
+            local_steps_ps.check_inner_optimizer(self)
+            if not is_parameter_server(strategy):
+                raise NotImplementedError(
+                    "local_steps with compressed pulls in one process is not built yet: "
+                    "they run under ParameterServerStrategy (with compressed pulls), "
+                    "MultiWorkerMirroredStrategy, MirroredStrategy and in one process "
+                    "without compressed pulls")
+            return  # made with the model's variables at the first step (`_apply_locally`)
         anchors = [self.add_variable_from_reference(v, "anchor", initial_value=v)
                    for v in variables]
         momenta = ([self.add_variable_from_reference(v, "outer_momentum") for v in variables]
@@ -118,7 +123,7 @@ class _CompressingMixin(CompressingBase):
         self._take_pulls(variables)
         strategy = tf.distribute.get_strategy()
         if self.outer_optimizer is not None:
-            return self._apply_locally(strategy, grads_and_vars, name, kwargs)
+            return self._apply_locally(strategy, grads_and_vars, name, kwargs, variables)
         self._warn_of_interleaved_adam(strategy, grads_and_vars)
         aggregate = not skip_gradients_aggregation and kwargs.pop(
             "experimental_aggregate_gradients", True
@@ -138,8 +143,15 @@ class _CompressingMixin(CompressingBase):
             pairs, name=name, skip_gradients_aggregation=True, **kwargs
         )
 
-    def _apply_locally(self, strategy, grads_and_vars, name, kwargs):
-        """A local step: each replica's own gradients update its own copy."""
+    def _apply_locally(self, strategy, grads_and_vars, name, kwargs, variables):
+        """A local step: each replica's own gradients update its own copy
+        (`variables`: the step's own, `PulledVariable`s under parameter servers)."""
+        if is_parameter_server(strategy):
+            if getattr(self, "_server_meetings", None) is None:
+                with tf.init_scope():
+                    self._server_meetings = local_steps_ps.ServerMeetings(self, variables)
+            return self._server_meetings.step(
+                [(g, v) for (g, _), v in zip(grads_and_vars, variables)])
         kwargs.pop("experimental_aggregate_gradients", None)
         # Fails the step (it runs with the step, being stateful) when nobody synchronized.
         local_steps.too_many_local_steps(self.iterations, self._meetings.synced_at,

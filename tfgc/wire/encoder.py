@@ -11,6 +11,8 @@ The codecs and residuals it uses are kept in dicts the optimizer owns (they are 
 with the optimizer's checkpoints), keyed by the variable's position in the optimizer,
 which is stable across processes.
 """
+import copy
+
 import tensorflow as tf
 
 from tfgc.codecs.base import SendsValuesAlone, Topology, bind_to, encode_group
@@ -82,6 +84,19 @@ class Encoder:
         self._codecs = codecs
         self._residuals = residuals
         self._below_min = below_min_codec(small_compression)
+
+    def with_residuals(self, residuals):
+        """This encoder with other residuals (a dict by the same keys as `residual`'s,
+        e.g. `tfgc.memory.StagedResidual`s), sharing its codecs and decisions."""
+        staged = copy.copy(self)
+        staged._residuals = residuals  # noqa: SLF001 (a copy of this class)
+        return staged
+
+    def residuals_by_key(self, variables):
+        """{key: residual} of the `variables` that keep one (keys as `with_residuals`
+        takes them)."""
+        return {self._residual_key(v): self.residual(v) for v in variables
+                if self.residual(v) is not None}
 
     # --- per-variable decisions ---------------------------------------------------
 

@@ -15,7 +15,11 @@ read of any of them, the worker pulls all of them at once:
 
 One worker index and one full/delta decision per step serve every variable, and the
 selection is arithmetic (no cond across devices), so the only tensors that cross are
-the state going to the server and the message coming back. A new cache (the first
+the state going to the server and the message coming back. With local steps
+(tfgc.local_steps) a worker pulls at the first of every H of its steps only: in the
+others its state says so (-1), and the server's part and the worker's decoding sit in
+a branch each side takes on its own, so an empty message comes back and the cache
+keeps what the worker's own steps made of it. A new cache (the first
 step, or a restarted worker, whose per-worker variables TensorFlow recreates) is
 unsynced and takes one full pull of all variables.
 
@@ -39,6 +43,8 @@ class ParameterServerPull:
     Args:
       variables: the `PulledVariable`s (their masters on one device, of one dtype).
       codecs: the codec of each variable's deltas.
+      every: with local steps, a worker pulls at the first of every `every` steps.
+      local_step: with `every` > 1, the per-worker int64 count of the worker's steps.
 
     Attributes:
       synced: per worker, whether its caches have had their first full pull.
@@ -47,7 +53,11 @@ class ParameterServerPull:
         one more resource, not one per variable (each costs bytes on every call).
     """
 
-    def __init__(self, variables, codecs):
+    def __init__(self, variables, codecs, every=1, local_step=None):
+        if every > 1 and local_step is None:
+            raise ValueError("a pull group of local steps needs the workers' step counts")
+        self.every = int(every)
+        self._local_step = local_step
         kinds = {(v.master.device, v.master.dtype) for v in variables}
         if len(kinds) != 1:
             raise ValueError(f"a pull group shares one server and one dtype, got {kinds}")
@@ -86,7 +96,8 @@ class ParameterServerPull:
             bound to a worker when the function is called).
 
         Returns:
-          (the op to wait for, [(master, bytes of the message it accounts for)]).
+          (the op to wait for, [(master, bytes of the message it accounts for)], a
+          boolean scalar saying whether the worker pulls, or None where it always does).
         """
         synced_handle = self.synced.handle
         synced = tf.raw_ops.ReadVariableOp(resource=synced_handle, dtype=tf.bool)
@@ -94,8 +105,32 @@ class ParameterServerPull:
         # request of its own (TensorFlow's optimizer cuts a stack sliced on another
         # device into its parts).
         state = 2 * worker_index() + tf.cast(synced, tf.int32)
-        with tf.device(self.device):
-            message, layout, counted = self._serve(state)
+        # Per-worker variables are read here, outside any branch (a branch's function
+        # does not get a worker's copy of them).
+        currents = base.concat_flat([
+            tf.raw_ops.ReadVariableOp(resource=caches[i], dtype=self.dtype)
+            for i in self._order])
+        if self.every == 1:
+            with tf.device(self.device):
+                message, layout, counted = self._serve(state)
+            news = self._received(message, layout, synced, currents)
+            pulling = None
+        else:
+            step = tf.raw_ops.ReadVariableOp(resource=self._local_step.handle, dtype=tf.int64)
+            pulling = tf.logical_or(tf.logical_not(synced), step % self.every == 0)
+            state = tf.where(pulling, state, -1)
+            with tf.device(self.device):
+                message, layout, counted = self._serve_when_asked(state)
+            news = tf.cond(pulling, lambda: self._received(message, layout, synced, currents),
+                           lambda: currents)
+        updates = [tf.raw_ops.AssignVariableOp(resource=caches[i], value=new)
+                   for i, new in zip(self._order, self._split(news))]
+        with tf.control_dependencies(updates):
+            done = tf.raw_ops.AssignVariableOp(resource=synced_handle, value=True)
+        return done, counted, pulling
+
+    def _received(self, message, layout, synced, currents):
+        """The caches' new values (flat) from the server's message."""
         name = f"pull message from {self.device}"
         unpacked = layout.unpack(message, name=name)
         # A stateless check, as in Layout.unpack: the full section's size.
@@ -103,20 +138,12 @@ class ParameterServerPull:
                             tf.where(synced, tf.constant(0, tf.int64),
                                      tf.constant(self._full_nbytes, tf.int64)),
                             name, "full section of the wrong size")
-        # Decoded outside the cond: see tfgc.variables.
+        # Decoded outside the full/delta cond: one decode, whichever it takes.
         deltas = _concat([self.codecs[unit[0]].decode_flat(payload, self._shapes(unit))
                           for unit, payload in zip(self._units, unpacked)])
-        currents = base.concat_flat([
-            tf.raw_ops.ReadVariableOp(resource=caches[i], dtype=self.dtype)
-            for i in self._order])
         # One cond for the group, on its flat vector (each cond traces two functions).
-        news = tf.cond(synced, lambda: currents + deltas,
+        return tf.cond(synced, lambda: currents + deltas,
                        lambda: from_bytes(full, self.dtype))
-        updates = [tf.raw_ops.AssignVariableOp(resource=caches[i], value=new)
-                   for i, new in zip(self._order, self._split(news))]
-        with tf.control_dependencies(updates):
-            done = tf.raw_ops.AssignVariableOp(resource=synced_handle, value=True)
-        return done, counted
 
     def _split(self, flat):
         """The variables' tensors, shaped, from the group's flat vector (flat order)."""
@@ -158,6 +185,23 @@ class ParameterServerPull:
         with tf.control_dependencies([message]):  # encoded before the snapshots move
             self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
         return message, layout, self._counted(layout, list(payloads), full, synced)
+
+    def _serve_when_asked(self, state):
+        """`_serve` for a worker that asks (state >= 0); for one in a local step
+        (state -1), an empty message and nothing counted or changed."""
+        served = {}
+
+        def serve():
+            message, served["layout"], counted = self._serve(state)
+            served["masters"] = [master for master, _ in counted]
+            return message, [nbytes for _, nbytes in counted]
+
+        def decline():
+            return (tf.zeros([0], tf.uint8),
+                    [tf.constant(0, tf.int64) for _ in self.variables])
+
+        message, nbytes = tf.cond(state >= 0, serve, decline)
+        return message, served["layout"], list(zip(served["masters"], nbytes))
 
     def _unit_values(self, flat, unit):
         """Payload `unit`'s part of the group's flat vector."""

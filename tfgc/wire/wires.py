@@ -16,6 +16,7 @@ what it sent; the optimizer counts it.
 import abc
 import contextlib
 import hashlib
+from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -52,36 +53,66 @@ class _FusedWire(Wire):
         return None
 
     def send(self, grads_and_vars):
+        return self.receive(self.pack(grads_and_vars))
+
+    def pack(self, grads_and_vars, riders_too=True):
+        """The first half of `send`, made here: every destination's message, encoded.
+
+        Args:
+          grads_and_vars: one step's (gradient, variable) pairs.
+          riders_too: whether the messages carry the step's riders; False where the
+            second half may not run (a branch), so that they go alone.
+
+        Returns:
+          What `receive` takes.
+        """
         groups = {}
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is not None:
                 groups.setdefault(self._destination(variable), []).append(position)
-        received = [gradient for gradient, _ in grads_and_vars]
-        sent = []
+        messages = []
         for destination, positions in groups.items():
             pairs = [grads_and_vars[p] for p in positions]
             # The step's other updates for this server travel in its message too.
-            carried = [] if destination is None else riders.take(destination)
-            decoded, nbytes, carried_nbytes = self._send_message(destination, pairs, carried)
-            for position, gradient, count in zip(positions, decoded, nbytes):
+            carried = ([] if destination is None or not riders_too
+                       else riders.take(destination))
+            units = self._units(pairs)
+            # Rows whose indices the destination holds already travel without them.
+            held = [self._held_indices(destination, *pairs[unit[0]]) if len(unit) == 1
+                    else None for unit in units]
+            small = self.encoder.small_compression
+            payloads = [self._encode([pairs[i] for i in unit], indices)
+                        for unit, indices in zip(units, held)]
+            layout, message = Layout.pack(
+                payloads + [rider.payload(small) for rider in carried])
+            messages.append(_Message(destination, positions, carried, units, held, layout,
+                                     message))
+        return grads_and_vars, messages
+
+    def receive(self, packed):
+        """The second half of `send`: each message unpacked and decoded at its
+        destination. Returns what `send` does."""
+        grads_and_vars, messages = packed
+        received = [gradient for gradient, _ in grads_and_vars]
+        sent = []
+        for message in messages:
+            pairs = [grads_and_vars[p] for p in message.positions]
+            decoded, nbytes, carried_nbytes = self._receive(message, pairs)
+            for position, gradient, count in zip(message.positions, decoded, nbytes):
                 received[position] = gradient
                 sent.append((grads_and_vars[position][1], count))
             sent += [(NotAVariable(rider.dense_nbytes()), count)
-                     for rider, count in zip(carried, carried_nbytes)]
+                     for rider, count in zip(message.carried, carried_nbytes)]
         return list(zip(received, (v for _, v in grads_and_vars))), sent
 
-    def _send_message(self, destination, pairs, carried):
-        units = self._units(pairs)
-        # Rows whose indices the destination holds already travel without them.
-        held = [self._held_indices(destination, *pairs[unit[0]]) if len(unit) == 1 else None
-                for unit in units]
+    def _receive(self, message, pairs):
+        units, held, layout = message.units, message.held, message.layout
         small = self.encoder.small_compression
-        payloads = [self._encode([pairs[i] for i in unit], indices)
-                    for unit, indices in zip(units, held)]
-        layout, message = Layout.pack(payloads + [rider.payload(small) for rider in carried])
+        destination = message.destination
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
-            unpacked = layout.unpack(message, name=f"fused message for {destination or 'here'}")
+            unpacked = layout.unpack(message.message,
+                                     name=f"fused message for {destination or 'here'}")
             # Counted from what arrived, where it arrived: the byte counts then reach
             # the traffic counters (on a server) without crossing the wire themselves.
             counts = layout.payload_nbytes(unpacked)
@@ -90,7 +121,7 @@ class _FusedWire(Wire):
             decoded = spread(units, [
                 self._decode(payload, [pairs[i][1] for i in unit], indices)
                 for unit, payload, indices in zip(units, unpacked, held)])
-            for rider, payload in zip(carried, unpacked[len(units):]):
+            for rider, payload in zip(message.carried, unpacked[len(units):]):
                 rider.apply(payload, small)
         return decoded, nbytes, counts[len(units):]
 
@@ -124,6 +155,18 @@ class _FusedWire(Wire):
         return payload_units([
             None if isinstance(gradient, tf.IndexedSlices) else self.encoder.batch_key(variable)
             for gradient, variable in pairs])
+
+
+class _Message(NamedTuple):
+    """One destination's fused message, packed (`_FusedWire.pack`)."""
+
+    destination: Optional[str]
+    positions: list  # of its gradients in the step's pairs
+    carried: list  # the riders it carries
+    units: list  # positions (in its pairs) that share a payload
+    held: list  # per unit, the destination's copy of its indices, or None
+    layout: Layout
+    message: tf.Tensor
 
 
 class LocalWire(_FusedWire):

@@ -1,0 +1,248 @@
+"""Local steps under ParameterServerStrategy: each worker trains its own copy of the
+model and meets the parameter servers every H of its own steps (tfgc.local_steps).
+
+The copy is the worker's caches of compressed pulls (tfgc.variables), so the model is
+made under `tfgc.compressed_pulls()` and the optimizer has a `pull_compression`. In a
+worker's step k (its own count, `CompressedPulls.local_step`):
+
+    k % H == 0          the step pulls (the master's change, compressed); the copy's
+                        value then is the round's anchor
+    every step          copy <- SGD step(copy, gradient)          on the worker alone
+    (k + 1) % H == 0    the worker pushes d = anchor - copy (compressed, with error
+                        feedback) in one message to each server, which applies the
+                        outer step to the master with the worker's share of the
+                        workers' mean, d / W:
+                            m <- momentum * m + d / W
+                            master <- master - lr * (d / W + momentum * m)    (Nesterov)
+                        and the copy returns to the anchor, which is what the server's
+                        snapshot of it holds, so the next pull brings the master's change
+
+Workers meet asynchronously, as ParameterServerStrategy's workers push gradients: each
+meeting applies that worker's share at once (there is no mean to wait for), so W
+workers that meet from one anchor move the master to their copies' mean with
+`OuterSGD.averaging()` (learning rate 1, no momentum), as under MultiWorkerMirrored.
+With one worker, averaging and H = 1, a step is the synchronous step: the worker's SGD
+step, pushed and applied to the master (with W workers, `OuterSGD(learning_rate=W,
+momentum=0)` applies each worker's step in full, as synchronous training does).
+
+The inner optimizer runs on the worker, where tfgc makes its step: tf_keras's SGD
+(momentum, Nesterov, weight decay, a learning-rate schedule of the optimizer's
+`iterations`, which count every worker's steps). Its momentum, the anchors and the
+residuals are per-worker variables, as the caches are; a restarted worker (or a resumed
+run) starts a round afresh: a full pull, its anchor from it, zero inner momentum. The
+outer momentum lives on the servers beside the masters and is checkpointed with the
+optimizer.
+
+Branches: the servers' part of a meeting (the message unpacked and decoded, the outer
+step) runs in a `tf.cond` of the step. The worker's part (the encoding, with error
+feedback) runs before it on every step: a branch's function cannot reach a worker's
+per-worker variables (the residuals), and its ops would not all stay on the worker.
+The residuals' new values are written where the step meets
+(`tfgc.memory.StagedResidual`).
+"""
+import tensorflow as tf
+
+from tfgc import _compat
+from tfgc.distribute import local_variable, num_workers
+from tfgc.memory import StagedResidual
+from tfgc.server_variables import created_by_name
+from tfgc.variables import PulledVariable
+from tfgc.wire.wires import ParameterServerPush
+
+
+def check_inner_optimizer(optimizer):
+    """Raises NotImplementedError unless `optimizer` (a tf_keras optimizer) is one whose
+    step tfgc runs on a worker: SGD without gradient clipping."""
+    import tf_keras  # noqa: PLC0415
+
+    if not isinstance(optimizer, tf_keras.optimizers.SGD):
+        raise NotImplementedError(
+            "local_steps under ParameterServerStrategy runs the inner optimizer's step on "
+            "each worker, which tfgc does for tf_keras.optimizers.SGD (momentum, Nesterov, "
+            f"weight decay, schedules) only, not yet for {type(optimizer).__name__}")
+    clipping = {name: getattr(optimizer, name, None)
+                for name in ("clipnorm", "clipvalue", "global_clipnorm")}
+    if any(value is not None for value in clipping.values()):
+        raise NotImplementedError(
+            "local_steps under ParameterServerStrategy does not clip gradients yet: make "
+            f"the SGD without {', '.join(k for k, v in clipping.items() if v is not None)}")
+
+
+class ServerMeetings:
+    """One optimizer's local steps under ParameterServerStrategy (see the module doc).
+
+    Args:
+      optimizer: the tfgc tf_keras optimizer (built: its encoder and counters exist).
+      variables: its model variables, `PulledVariable`s whose pulls have started with
+        its `local_steps`.
+
+    Raises:
+      ValueError: a variable is not pulled, or its pulls do not skip the local steps.
+      NotImplementedError: an inner optimizer other than SGD (`check_inner_optimizer`).
+    """
+
+    def __init__(self, optimizer, variables):
+        check_inner_optimizer(optimizer)
+        for variable in variables:
+            if not isinstance(variable, PulledVariable):
+                raise ValueError(
+                    f"local_steps under ParameterServerStrategy trains each worker's copy of "
+                    f"the model, its caches of compressed pulls; {variable.name} has none: "
+                    "make the model inside tfgc.compressed_pulls() (with min_elements=0, "
+                    "the default)")
+            codecs = variable.owner.codecs
+            if codecs is None or codecs.local_steps != optimizer.local_steps:
+                raise ValueError(
+                    f"{variable.name} is pulled every {1 if codecs is None else codecs.local_steps}"
+                    f" step(s), but the optimizer takes local_steps={optimizer.local_steps}: "
+                    "give the codec of the pulls to the optimizer (pull_compression=...), "
+                    "not to compressed_pulls(), so that its pulls follow its local steps")
+        self.optimizer = optimizer
+        self.variables = list(variables)
+        self.masters = [v.master for v in self.variables]
+        self._positions = {id(master): i for i, master in enumerate(self.masters)}
+        self._workers = float(num_workers())
+        self.counters = list({id(v.owner): v.owner.local_step
+                              for v in self.variables if v.owner.local_step is not None}.values())
+        self.anchors = [local_variable(tf.zeros(m.shape, m.dtype),
+                                       f"anchor/{_base_name(m)}", per_worker=True)
+                        for m in self.masters]
+        self.velocities = ([local_variable(tf.zeros(m.shape, m.dtype),
+                                           f"inner_momentum/{_base_name(m)}", per_worker=True)
+                            for m in self.masters] if optimizer.momentum else None)
+        outer = optimizer.outer_optimizer
+        with created_by_name():  # reached by name on their servers (tfgc.server_variables)
+            self.outer_momenta = ([optimizer.add_variable_from_reference(m, "outer_momentum")
+                                   for m in self.masters] if outer.momentum > 0 else None)
+
+    def step(self, grads_and_vars):
+        """One local step of this worker (replica context, in a traced step): the
+        inner SGD step on its copy, and a meeting when one is due.
+
+        Args:
+          grads_and_vars: (gradient, `PulledVariable`) pairs of `variables` (a missing
+            or None gradient is a zero one).
+
+        Returns:
+          The op that finishes the step.
+
+        Raises:
+          ValueError: a variable that is not one of `variables`.
+        """
+        optimizer = self.optimizer
+        gradients = [None] * len(self.variables)
+        for gradient, variable in grads_and_vars:
+            position = self._positions.get(id(getattr(variable, "master", variable)))
+            if position is None:
+                raise ValueError(
+                    f"{variable.name} is not among the {len(self.variables)} variables this "
+                    "optimizer's local steps were made for (the model's first step's)")
+            gradients[position] = gradient
+        every = optimizer.local_steps
+        if every == 1:
+            step_count, round_start, meeting = None, True, True
+        else:
+            step_count = tf.convert_to_tensor(self.counters[0])
+            round_start = step_count % every == 0
+            meeting = (step_count + 1) % every == 0
+        rate = _compat.tf_keras_learning_rate_now(optimizer)
+        anchors, copies, velocities = [], [], []
+        for index, (gradient, variable) in enumerate(zip(gradients, self.variables)):
+            copy = tf.convert_to_tensor(variable)  # the cache, after this step's pull
+            gradient = tf.zeros_like(copy) if gradient is None else gradient
+            anchor = (copy if every == 1 else
+                      tf.where(round_start, copy, tf.convert_to_tensor(self.anchors[index])))
+            new_copy, velocity = self._sgd(variable, copy, tf.convert_to_tensor(gradient),
+                                           tf.cast(rate, copy.dtype), index)
+            anchors.append(anchor)
+            copies.append(new_copy)
+            velocities.append(velocity)
+        deltas = [(anchor - copy, master)
+                  for anchor, copy, master in zip(anchors, copies, self.masters)]
+        if every == 1:
+            met = self._meet(optimizer.encoder, deltas)
+        else:
+            met = self._meet_when_due(meeting, deltas)
+        # The worker's writes do not wait for the servers' part of the meeting (a
+        # control edge across costs a request per step): they touch no common state.
+        # The optimizer's step count, on a server too, does, so that the meeting is
+        # part of what the step waits for.
+        with tf.control_dependencies(met):
+            optimizer.iterations.assign_add(1)
+        writes = [variable.cache.assign(tf.where(meeting, anchor, copy) if every > 1 else anchor)
+                  for variable, anchor, copy in zip(self.variables, anchors, copies)]
+        writes += [a.assign(anchor) for a, anchor in zip(self.anchors, anchors)]
+        if self.velocities is not None:
+            writes += [v.assign(velocity) for v, velocity in zip(self.velocities, velocities)]
+        writes += [counter.assign(step_count + 1) for counter in self.counters]
+        return tf.group(writes)
+
+    def _sgd(self, variable, copy, gradient, rate, index):
+        """(the copy after tf_keras SGD's step, the new inner momentum or None)."""
+        optimizer = self.optimizer
+        if _compat.tf_keras_uses_weight_decay(optimizer, variable.master):
+            copy = copy - copy * tf.cast(optimizer.weight_decay, copy.dtype) * rate
+        if self.velocities is None:
+            return copy - gradient * rate, None
+        momentum = tf.cast(optimizer.momentum, copy.dtype)
+        velocity = -gradient * rate + momentum * tf.convert_to_tensor(self.velocities[index])
+        step = -gradient * rate + momentum * velocity if optimizer.nesterov else velocity
+        return copy + step, velocity
+
+    def _meet_when_due(self, meeting, deltas):
+        """`_meet` with each server's part in a branch taken when `meeting`; returns
+        the ops to wait for.
+
+        The pseudo-gradients are encoded on every step, on the worker, outside the
+        branches (a branch cannot reach the per-worker residuals); the residuals keep
+        their new values where `meeting`. Each branch runs on its server, so that what
+        it reads there (the masters' handles) does not cross to decide it, and its
+        message crosses emptied unless `meeting`."""
+        encoder = self.optimizer.encoder
+        residuals = encoder.residuals_by_key(self.masters)
+        staged = {key: StagedResidual(residual.read_value())
+                  for key, residual in residuals.items()}
+        olds = {key: residual.value for key, residual in staged.items()}
+        wire = ParameterServerPush(encoder.with_residuals(staged))
+        deltas, messages = wire.pack(deltas, riders_too=False)
+        met = []
+        for message in messages:
+            # Cut here, on the worker: the branch's inputs cross whether it runs or not.
+            emptied = message._replace(message=message.message[
+                :tf.where(meeting, tf.size(message.message), 0)])
+            with tf.device(message.destination):
+                # Decided on the server, from the message alone (never empty when
+                # sent): each tensor that crosses costs a request of its own.
+                met.append(tf.cond(tf.size(emptied.message) > 0,
+                                   lambda m=emptied: self._receive(wire, deltas, m),
+                                   tf.no_op))
+        return met + [residuals[key].assign(tf.where(meeting, staged[key].value, olds[key]))
+                      for key in residuals]
+
+    def _meet(self, encoder, deltas):
+        """Pushes the pseudo-gradients `deltas` ((delta, master) pairs) through the fused
+        push and applies the outer step on the servers; returns the ops."""
+        wire = ParameterServerPush(encoder)
+        deltas, messages = wire.pack(deltas)
+        return [self._receive(wire, deltas, message) for message in messages]
+
+    def _receive(self, wire, deltas, message):
+        """A server's part of a meeting: its `message` unpacked and decoded, the outer
+        step applied to its masters, the bytes counted; returns the op."""
+        outer = self.optimizer.outer_optimizer
+        updates = []
+        with tf.device(message.destination):  # a branch's ops do not inherit the device
+            received, sent = wire.receive((deltas, [message]))
+            for position in message.positions:
+                delta, master = received[position]
+                index = self._positions[id(master)]
+                momentum = None if self.outer_momenta is None else self.outer_momenta[index]
+                step = outer.step(tf.convert_to_tensor(delta) / self._workers, momentum)
+                updates.append(master.assign_sub(tf.cast(step, master.dtype)))
+            with tf.control_dependencies(updates):
+                self.optimizer.traffic_counters.record("push", sent)
+            return tf.group(updates)
+
+
+def _base_name(variable):
+    return variable.name.split(":")[0]
