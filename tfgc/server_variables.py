@@ -84,6 +84,11 @@ class NamedServerVariable(_compat.ResourceVariable):
             self._graph_handles[graph] = self._handle_in(graph)
         return self._graph_handles[graph]
 
+    @property
+    def device(self):
+        # The server's, also inside a cond or loop body (where `handle` is a capture).
+        return _compat.resource_handle(self).device
+
     def _handle_in(self, graph):
         """The handle for `graph`: made in the outermost function graph it is nested in
         (so that every use in one traced step is one tensor, which orders them) and

@@ -49,7 +49,8 @@ class TrafficCounters:
         self._position = position
 
     def record(self, direction, sent, happened=None):
-        """Adds one step's [(variable, payload bytes)] to the `direction` counter.
+        """Adds one step's [(variable, payload bytes)] to the `direction` counter;
+        returns the update (None for nothing sent).
 
         `happened`: a boolean scalar, False where the step did not make the transfer
         after all (a pull a worker skips in its local steps): its dense bytes then
@@ -72,7 +73,7 @@ class TrafficCounters:
             if happened is not None:
                 dense *= tf.cast(happened, tf.int64)
             updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]), dense], 0)
-            counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
+            return counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
     def totals(self):
         """Cumulative `push_bytes`, `push_dense_bytes`, `pull_bytes`, `pull_dense_bytes`

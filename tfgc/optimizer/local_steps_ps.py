@@ -33,12 +33,10 @@ run) starts a round afresh: a full pull, its anchor from it, zero inner momentum
 outer momentum lives on the servers beside the masters and is checkpointed with the
 optimizer.
 
-Branches: the servers' part of a meeting (the message unpacked and decoded, the outer
-step) runs in a `tf.cond` of the step. The worker's part (the encoding, with error
-feedback) runs before it on every step: a branch's function cannot reach a worker's
-per-worker variables (the residuals), and its ops would not all stay on the worker.
-The residuals' new values are written where the step meets
-(`tfgc.memory.StagedResidual`).
+Branches: a meeting is two `tf.cond`s of the step, the worker's encoding and each
+server's decoding and outer step (see `ServerMeetings._meet_when_due`); a branch's
+function cannot reach a worker's per-worker variables, so those are read before the
+branches and written after them (the residuals through `tfgc.memory.StagedResidual`).
 """
 import tensorflow as tf
 
@@ -162,7 +160,7 @@ class ServerMeetings:
         if every == 1:
             met = self._meet(optimizer.encoder, deltas)
         else:
-            met = self._meet_when_due(meeting, deltas)
+            met = self._meet_when_due(meeting, deltas) + self._send_riders()
         # The worker's writes do not wait for the servers' part of the meeting (a
         # control edge across costs a request per step): they touch no common state.
         # The optimizer's step count, on a server too, does, so that the meeting is
@@ -190,34 +188,53 @@ class ServerMeetings:
         return copy + step, velocity
 
     def _meet_when_due(self, meeting, deltas):
-        """`_meet` with each server's part in a branch taken when `meeting`; returns
-        the ops to wait for.
+        """`_meet` when `meeting`, in branches; returns the ops to wait for.
 
-        The pseudo-gradients are encoded on every step, on the worker, outside the
-        branches (a branch cannot reach the per-worker residuals); the residuals keep
-        their new values where `meeting`. Each branch runs on its server, so that what
-        it reads there (the masters' handles) does not cross to decide it, and its
-        message crosses emptied unless `meeting`."""
+        The worker encodes the pseudo-gradients in a branch of its own, which reads and
+        writes none of its per-worker variables (a branch's function cannot reach them):
+        it is given the residuals' values and returns their new ones, kept where
+        `meeting`. Each server's part is a branch on that server, decided there by the
+        size of its message (empty when the worker does not meet): a condition that
+        crossed, or ops of the branch waiting on the worker, would each cost a request
+        on every step."""
         encoder = self.optimizer.encoder
         residuals = encoder.residuals_by_key(self.masters)
-        staged = {key: StagedResidual(residual.read_value())
-                  for key, residual in residuals.items()}
-        olds = {key: residual.value for key, residual in staged.items()}
-        wire = ParameterServerPush(encoder.with_residuals(staged))
-        deltas, messages = wire.pack(deltas, riders_too=False)
+        keys = list(residuals)
+        olds = [residuals[key].read_value() for key in keys]
+        destinations = list(dict.fromkeys(master.device for _, master in deltas))
+        packed = {}
+
+        def encode():
+            staged = {key: StagedResidual(old) for key, old in zip(keys, olds)}
+            packed["wire"] = ParameterServerPush(encoder.with_residuals(staged))
+            packed["deltas"], packed["messages"] = packed["wire"].pack(deltas, riders_too=False)
+            assert [m.destination for m in packed["messages"]] == destinations
+            return [m.message for m in packed["messages"]], [staged[k].value for k in keys]
+
+        def keep():
+            return [tf.zeros([0], tf.uint8) for _ in destinations], olds
+
+        sent, news = tf.cond(meeting, encode, keep)
         met = []
-        for message in messages:
-            # Cut here, on the worker: the branch's inputs cross whether it runs or not.
-            emptied = message._replace(message=message.message[
-                :tf.where(meeting, tf.size(message.message), 0)])
+        for message, bytes_sent in zip(packed["messages"], sent):
+            message = message._replace(message=bytes_sent)
             with tf.device(message.destination):
-                # Decided on the server, from the message alone (never empty when
-                # sent): each tensor that crosses costs a request of its own.
-                met.append(tf.cond(tf.size(emptied.message) > 0,
-                                   lambda m=emptied: self._receive(wire, deltas, m),
-                                   tf.no_op))
-        return met + [residuals[key].assign(tf.where(meeting, staged[key].value, olds[key]))
-                      for key in residuals]
+                met.append(tf.cond(
+                    tf.size(bytes_sent) > 0,
+                    lambda m=message: self._receive(packed["wire"], packed["deltas"], m),
+                    tf.no_op))
+        return met + [residuals[key].assign(new) for key, new in zip(keys, news)]
+
+    def _send_riders(self):
+        """The step's other updates for the servers (batch-norm statistics), one
+        message per server (a meeting's message may not be sent); returns the ops."""
+        wire = ParameterServerPush(self.optimizer.encoder)
+        ops = []
+        for device in dict.fromkeys(master.device for master in self.masters):
+            sent = wire.send_riders(device)
+            if sent:
+                ops.append(self.optimizer.traffic_counters.record("push", sent))
+        return ops
 
     def _meet(self, encoder, deltas):
         """Pushes the pseudo-gradients `deltas` ((delta, master) pairs) through the fused

@@ -180,6 +180,18 @@ class ParameterServerPush(_FusedWire):
     def _destination(self, variable):
         return variable.device
 
+    def send_riders(self, destination):
+        """Sends the step's riders for `destination` in one message of their own (a
+        step that pushes nothing there: local steps between meetings) rather than one
+        transfer each; returns what was sent, as `send` does."""
+        carried = riders.take(destination)
+        if not carried:
+            return []
+        small = self.encoder.small_compression
+        layout, message = Layout.pack([rider.payload(small) for rider in carried])
+        return self.receive(([], [_Message(destination, [], carried, [], [], layout,
+                                           message)]))[1]
+
 
 #: Bytes per collective (PyTorch DDP's default bucket is 25 MB, Horovod fuses 64 MB).
 DEFAULT_BUCKET_BYTES = 25 * 2**20
