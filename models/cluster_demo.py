@@ -43,8 +43,8 @@ DEFAULT_COMPRESSIONS = ("none", "threelc:sparsity=1.0")
 def split_run(entry):
     """(codec, local steps) of a --compressions entry: CODEC, or CODEC@H for H local
     steps (each worker trains its copy H steps, then meets the server)."""
-    codec, _, steps = entry.partition("@")
-    if not steps:
+    codec, at, steps = entry.partition("@")
+    if not at:
         return codec, 1
     if not steps.isdigit() or int(steps) < 1:
         raise ValueError(f"{entry!r}: the local steps after @ must be a positive integer")

@@ -140,6 +140,33 @@ def test_demo_pulls_use_their_own_codec_only_in_compressed_runs():
     assert label == f"{s175}, pulls {s1}"
 
 
+def test_demo_runs_local_steps_as_codec_at_h_and_labels_them(capsys):
+    from models import cluster_demo
+
+    assert cluster_demo.split_run("threelc:sparsity=1.0@4") == ("threelc:sparsity=1.0", 4)
+    assert cluster_demo.split_run("none") == ("none", 1)
+    for bad in ("threelc@0", "threelc@x", "threelc@"):
+        with pytest.raises(ValueError, match="positive integer"):
+            cluster_demo.split_run(bad)
+    with pytest.raises(SystemExit):  # local steps need pulls
+        cluster_demo.main(["--compressions", "none", "threelc@4", "--no-pulls"])
+    assert "need pulls" in capsys.readouterr().err
+
+    def row(local_steps, step_time, outer=None):
+        return {"link": "loopback", "compression": "threelc", "local_steps": local_steps,
+                "outer_optimizer": outer, "test_accuracy": 0.5, "final_train_loss": 1.0,
+                "socket_worker_to_ps_bytes_per_step": 1e5 / local_steps,
+                "socket_ps_to_worker_bytes_per_step": 1e5, "payload_ratio": 30.0,
+                "step_time_s": step_time, "train_time_s": 50}
+
+    average = {"learning_rate": 1.0, "momentum": 0.0, "nesterov": False}
+    lines = cluster_demo.results_table([row(1, 0.4), row(4, 0.2, average)]).splitlines()
+    cells = [line.split(" | ") for line in lines[2:]]
+    assert cells[1][1] == "threelc, 4 local steps (averaging)"
+    # The first run is the base, not the other run of the same codec.
+    assert cells[1][6] == "4.0x" and cells[1][-1] == "2.0x |"
+
+
 def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
     from models import supervise
 
@@ -179,7 +206,10 @@ def test_parser_rejects_what_a_model_cannot_do(capsys):
     assert "--pull-compression applies to the image models" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--strategy", "ps", "--local-steps", "4"])
-    assert "--local-steps runs under --strategy mwms or local" in capsys.readouterr().err
+    assert "caches of compressed pulls: give --pull-compression" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--local-steps", "4", "--pull-compression", "threelc"])
+    assert "in one process is not built yet" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -164,6 +164,10 @@ class PulledVariable(_compat.BaseResourceVariable):
         )
         if in_step and self._codec is None:
             self._owner.start_at_first_read()
+        if in_step and self._owner.local_step is not None and _compat.tf_keras_inference_call():
+            # With local steps the cache holds the worker's own steps since it last met
+            # the servers: an evaluation reads the master (fp32), and leaves the round be.
+            return False
         return in_step and self._codec is not None
 
     def _cache_state(self):

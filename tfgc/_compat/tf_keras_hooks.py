@@ -217,3 +217,23 @@ def tf_keras_uses_weight_decay(optimizer, variable):
     """
     _internal("tf_keras_sgd_step")
     return bool(optimizer.weight_decay) and optimizer._use_weight_decay(variable)  # noqa: SLF001
+
+
+@_hook("tf_keras_call_context", "tf_keras",
+       "tf_keras.src.engine.base_layer_utils.call_context() and its `training`")
+def _probe_tf_keras_call_context():
+    module = _module("tf_keras.src.engine.base_layer_utils")
+    if not hasattr(module.CallContext, "training"):
+        raise LookupError("CallContext has no training")
+    return module.call_context
+
+
+def tf_keras_inference_call():
+    """Whether the code runs inside a tf_keras layer's call with `training=False` (an
+    evaluation or prediction step); False elsewhere, and where `training` is a tensor.
+
+    Relies on `tf_keras.src.engine.base_layer_utils.call_context`.
+    """
+    training = _internal("tf_keras_call_context")().training
+    constant = tf.get_static_value(training) if tf.is_tensor(training) else training
+    return constant is not None and not bool(constant)

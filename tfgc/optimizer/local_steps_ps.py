@@ -158,18 +158,18 @@ class ServerMeetings:
         deltas = [(anchor - copy, master)
                   for anchor, copy, master in zip(anchors, copies, self.masters)]
         if every == 1:
-            met = self._meet(optimizer.encoder, deltas)
+            on_servers, writes = self._meet(optimizer.encoder, deltas), []
         else:
-            met = self._meet_when_due(meeting, deltas) + self._send_riders()
-        # The worker's writes do not wait for the servers' part of the meeting (a
-        # control edge across costs a request per step): they touch no common state.
-        # The optimizer's step count, on a server too, does, so that the meeting is
-        # part of what the step waits for.
-        with tf.control_dependencies(met):
+            on_servers, writes = self._meet_when_due(meeting, deltas)
+            on_servers += self._send_riders()
+            writes += [a.assign(anchor) for a, anchor in zip(self.anchors, anchors)]
+        # The optimizer's step count, on a server, follows the servers' part of the step;
+        # the worker's writes follow nothing there (a control edge across costs a request
+        # on every step), as they share no state with it.
+        with tf.control_dependencies(on_servers):
             optimizer.iterations.assign_add(1)
-        writes = [variable.cache.assign(tf.where(meeting, anchor, copy) if every > 1 else anchor)
-                  for variable, anchor, copy in zip(self.variables, anchors, copies)]
-        writes += [a.assign(anchor) for a, anchor in zip(self.anchors, anchors)]
+        writes += [variable.cache.assign(tf.where(meeting, anchor, copy) if every > 1 else anchor)
+                   for variable, anchor, copy in zip(self.variables, anchors, copies)]
         if self.velocities is not None:
             writes += [v.assign(velocity) for v, velocity in zip(self.velocities, velocities)]
         writes += [counter.assign(step_count + 1) for counter in self.counters]
@@ -188,7 +188,8 @@ class ServerMeetings:
         return copy + step, velocity
 
     def _meet_when_due(self, meeting, deltas):
-        """`_meet` when `meeting`, in branches; returns the ops to wait for.
+        """`_meet` when `meeting`, in branches; returns (the servers' ops, the worker's
+        residual writes).
 
         The worker encodes the pseudo-gradients in a branch of its own, which reads and
         writes none of its per-worker variables (a branch's function cannot reach them):
@@ -208,7 +209,8 @@ class ServerMeetings:
             staged = {key: StagedResidual(old) for key, old in zip(keys, olds)}
             packed["wire"] = ParameterServerPush(encoder.with_residuals(staged))
             packed["deltas"], packed["messages"] = packed["wire"].pack(deltas, riders_too=False)
-            assert [m.destination for m in packed["messages"]] == destinations
+            if [m.destination for m in packed["messages"]] != destinations:
+                raise RuntimeError(f"the push grouped {deltas} otherwise than by server")
             return [m.message for m in packed["messages"]], [staged[k].value for k in keys]
 
         def keep():
@@ -223,7 +225,7 @@ class ServerMeetings:
                     tf.size(bytes_sent) > 0,
                     lambda m=message: self._receive(packed["wire"], packed["deltas"], m),
                     tf.no_op))
-        return met + [residuals[key].assign(new) for key, new in zip(keys, news)]
+        return met, [residuals[key].assign(new) for key, new in zip(keys, news)]
 
     def _send_riders(self):
         """The step's other updates for the servers (batch-norm statistics), one
