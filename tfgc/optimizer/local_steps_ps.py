@@ -172,7 +172,10 @@ class ServerMeetings:
                    for variable, anchor, copy in zip(self.variables, anchors, copies)]
         if self.velocities is not None:
             writes += [v.assign(velocity) for v, velocity in zip(self.velocities, velocities)]
-        writes += [counter.assign(step_count + 1) for counter in self.counters]
+        # After this step's pull has read the count (it reaches it through a handle of
+        # its own, which TensorFlow's automatic ordering does not connect to this one).
+        with tf.control_dependencies(copies):
+            writes += [counter.assign(step_count + 1) for counter in self.counters]
         return tf.group(writes)
 
     def _sgd(self, variable, copy, gradient, rate, index):
