@@ -24,7 +24,9 @@ to the master (pushed compressed as usual).
 `tfgc.compressed_pulls()` around model construction makes a Keras model's own weights
 this way, and `tfgc.get_variable` the variables one creates oneself; the scope's
 `CompressedPulls` (tfgc.pulls) owns them, decides their codec and starts their pulls.
-Until their pulls start, reads go to the master uncompressed.
+Until their pulls start, reads go to the master uncompressed. With local steps
+(tfgc.local_steps) a worker's cache holds its own steps between meetings, so an
+evaluation or prediction step reads the master.
 Under ParameterServerStrategy the cache is a per-worker variable; with no strategy
 the same mechanism runs in one process (one worker) so accuracy can be studied
 locally. Under all-reduce strategies there are no pulls and variables are created
