@@ -102,9 +102,10 @@ class ServerMeetings:
         self._workers = float(num_workers())
         self.counters = list({id(v.owner): v.owner.local_step
                               for v in self.variables if v.owner.local_step is not None}.values())
+        # With one local step the anchor is the step's own copy: no variable.
         self.anchors = [local_variable(tf.zeros(m.shape, m.dtype),
                                        f"anchor/{_base_name(m)}", per_worker=True)
-                        for m in self.masters]
+                        for m in self.masters] if optimizer.local_steps > 1 else None
         self.velocities = ([local_variable(tf.zeros(m.shape, m.dtype),
                                            f"inner_momentum/{_base_name(m)}", per_worker=True)
                             for m in self.masters] if optimizer.momentum else None)

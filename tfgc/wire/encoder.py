@@ -95,8 +95,8 @@ class Encoder:
     def residuals_by_key(self, variables):
         """{key: residual} of the `variables` that keep one (keys as `with_residuals`
         takes them)."""
-        return {self._residual_key(v): self.residual(v) for v in variables
-                if self.residual(v) is not None}
+        residuals = {self._residual_key(v): self.residual(v) for v in variables}
+        return {key: residual for key, residual in residuals.items() if residual is not None}
 
     # --- per-variable decisions ---------------------------------------------------
 
