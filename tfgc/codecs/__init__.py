@@ -16,6 +16,12 @@
 | AdaptiveQuantize(rho) | MQGrad (base) | bits chosen per tensor      | no       | no         |
 | QSGD(bits)            | GradiVeQ      | bits                        | no       | yes        |
 | GradiVeQ(lambda, ...) | GradiVeQ      | 32 d / K (conv kernels)     | yes      | no         |
+| PowerSGD(rank)        | peer baseline | 32 r (rows + cols) / size   | yes      | no         |
+| RandomK(fraction)     | peer baseline | 32 * fraction               | yes*     | yes        |
+| ScaledSign            | peer baseline | 1                           | no       | no         |
+
+*RandomK sums in the compressed domain under all-reduce strategies, where replicas
+share its positions.
 """
 from typing import Any, Mapping
 
@@ -28,7 +34,10 @@ from tfgc.codecs.gradiveq import GradiVeQ
 from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.codecs.logquant import LogQuant
 from tfgc.codecs.onebit import OneBit
+from tfgc.codecs.powersgd import PowerSGD
 from tfgc.codecs.quantize import Int8, Quantize
+from tfgc.codecs.random_k import RandomK
+from tfgc.codecs.sign import ScaledSign
 from tfgc.codecs.sparsify import Sparsify, TopK
 from tfgc.codecs.stochastic import QSGD, StochasticTernary
 from tfgc.codecs.threelc import ThreeLC
@@ -36,7 +45,8 @@ from tfgc.codecs.threelc import ThreeLC
 _CODECS = {
     cls.__name__: cls
     for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
-                LogQuant, FastSGD, Quantize, AdaptiveQuantize, QSGD, GradiVeQ)
+                LogQuant, FastSGD, Quantize, AdaptiveQuantize, QSGD, GradiVeQ, PowerSGD, RandomK,
+                ScaledSign)
 }
 
 
@@ -80,5 +90,6 @@ __all__ = [
     "Codec", "StochasticCodec", "payload_nbytes", "register", "serialize", "deserialize",
     "lookup", "names", "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary",
     "OneBit", "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "AdaptiveQuantize",
-    "QSGD", "GradiVeQ", "MalformedPayloadError", "MAX_DECODED_ELEMENTS",
+    "QSGD", "GradiVeQ", "PowerSGD", "RandomK", "ScaledSign", "MalformedPayloadError",
+    "MAX_DECODED_ELEMENTS",
 ]

@@ -60,6 +60,38 @@ def bind_to(codec: "Codec", variable: tf.Variable, topology: Topology) -> "Codec
     return codec.bind(variable, topology) if takes_topology else codec.bind(variable)
 
 
+def replica_state(initial_value, name: str, topology: Topology) -> tf.Variable:
+    """A bound codec's state variable that every replica updates on its own copy.
+
+    Every replica applies the same update to the same aggregated values, so the copies
+    stay equal without communication; checkpoints keep the first replica's copy. Under
+    ParameterServerStrategy it is one variable on a parameter server.
+    """
+    if topology.all_reduce_replicas > 1:
+        return tf.Variable(
+            initial_value, trainable=False, name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+    return tf.Variable(initial_value, trainable=False, name=name)
+
+
+def sender_state(initial_value, name: str, topology: Topology) -> tf.Variable:
+    """A bound codec's state that only the sending side reads and writes: one copy per
+    worker under ParameterServerStrategy (a resumed or restarted worker starts it from
+    `initial_value`), else as `replica_state`.
+
+    A per-worker variable is read and written outside `tf.cond` branches only: a worker
+    function does not resolve it inside them.
+    """
+    if topology.parameter_server:
+        # Made from inside a traced step (an optimizer builds at its first step): it
+        # must skip tf.function's initializer lifting, as tfgc.distribute's are.
+        return tf.Variable(initial_value, trainable=False, name=name,
+                           per_worker_variable=True, experimental_enable_variable_lifting=False)
+    return replica_state(initial_value, name, topology)
+
+
 # Capabilities that one codec family has: the encoder and wires dispatch on them with
 # isinstance, so the Codec contract itself stays the same for every codec.
 
@@ -81,8 +113,14 @@ class SendsValuesAlone(Protocol):
 @runtime_checkable
 class AllReducing(Protocol):
     """A bound codec that aggregates across replicas itself (GradiVeQ, whose collectives
-    depend on its phase): under all-reduce strategies its `all_reduce` replaces the
-    wire's generic one, without error feedback."""
+    depend on its phase; PowerSGD, whose second collective depends on the first's sum):
+    under all-reduce strategies its `all_reduce` replaces the wire's generic one.
+
+    One that `supports_error_feedback` also has
+    `all_reduce_and_reconstruct(gradient, replica_context)` -> (the sum, this replica's
+    own share of it, bytes sent): the wire calls it with the residual added, and the
+    residual keeps `gradient - own share`.
+    """
 
     def all_reduce(self, gradient: tf.Tensor,
                    replica_context: tf.distribute.ReplicaContext) -> tuple[tf.Tensor, tf.Tensor]:

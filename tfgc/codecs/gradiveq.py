@@ -58,7 +58,6 @@ from tfgc.codecs.gradiveq_all_reduce import AllReduceFace
 from tfgc.codecs.gradiveq_schedule import (  # noqa: F401  (PHASES: public)
     COMPRESSED, PHASES, SAMPLING, WARMUP, Schedule, plain_python,
 )
-from tfgc.codecs.gradiveq_schedule import state as replica_state
 from tfgc.codecs.stochastic import QSGD, SeededQSGD
 
 
@@ -252,7 +251,7 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
         first = WARMUP if settings.warmup_steps > 0 else SAMPLING
         with self.name_scope:
             def state(initial_value, name):
-                return replica_state(initial_value, name, topology)
+                return base.replica_state(initial_value, name, topology)
 
             self.step = state(tf.constant(0, tf.int64), "step")
             self.phase = state(tf.constant(first, tf.int32), "phase")

@@ -98,18 +98,3 @@ class Schedule:
         with tf.control_dependencies(updates):
             return tf.constant(True)
 
-
-def state(initial_value, name, topology):
-    """A compressor state variable that each replica updates on its own copy.
-
-    Every replica applies the same update to the same aggregated values, so the copies
-    stay equal without communication; checkpoints keep the first replica's copy.
-    `topology` is the bound codec's `tfgc.codecs.base.Topology`.
-    """
-    if topology.all_reduce_replicas > 1:
-        return tf.Variable(
-            initial_value, trainable=False, name=name,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-    return tf.Variable(initial_value, trainable=False, name=name)

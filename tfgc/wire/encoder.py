@@ -159,6 +159,22 @@ class Encoder:
             return codec.encode(gradient)
         return self.feedback.step(codec, tf.convert_to_tensor(gradient), residual)[0]
 
+    def all_reduce(self, gradient, variable, replica_context):
+        """Sums `gradient` across replicas with `variable`'s codec, one that aggregates
+        itself (`tfgc.codecs.base.AllReducing`), with error feedback where kept.
+
+        Returns:
+          (the decoded sum, the bytes this replica sent).
+        """
+        codec = self.codec(variable)
+        gradient = tf.convert_to_tensor(gradient)
+        residual = self.residual(variable)
+        if residual is None:
+            return codec.all_reduce(gradient, replica_context)
+        (total, nbytes), _ = self.feedback.step(_ReplicaSum(codec, replica_context),
+                                                gradient, residual)
+        return total, nbytes
+
     def values_alone(self, gradient, variable):
         """Whether `gradient`, IndexedSlices, may travel as its rows alone to a receiver
         that holds its indices: its codec sends them so and keeps no residual for it."""
@@ -187,3 +203,17 @@ class Encoder:
         if residuals[0] is None:
             return encode_group(codec, gradients)[0]
         return self.feedback.flat_step(codec, gradients, residuals)[0]
+
+
+class _ReplicaSum:
+    """An `AllReducing` codec seen by an error-feedback rule: its "payload" is the
+    replicas' sum and its reconstruction this replica's own share of it, so the
+    residual keeps what this replica's gradient lost."""
+
+    def __init__(self, codec, replica_context):
+        self._codec = codec
+        self._context = replica_context
+
+    def encode_and_reconstruct(self, x):
+        total, own, nbytes = self._codec.all_reduce_and_reconstruct(x, self._context)
+        return (total, nbytes), own

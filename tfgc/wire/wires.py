@@ -234,8 +234,8 @@ class AllReduceWire(Wire):
                 continue
             codec = self.encoder.codec(variable)
             if isinstance(codec, base.AllReducing):
-                received[position], nbytes[position] = codec.all_reduce(
-                    tf.convert_to_tensor(gradient), context)
+                received[position], nbytes[position] = self.encoder.all_reduce(
+                    gradient, variable, context)
                 continue
             if codec.summable and isinstance(gradient, tf.IndexedSlices):
                 # Replicas' slices have their own rows and lengths: sum them dense.

@@ -1,0 +1,302 @@
+"""PowerSGD (Vogels et al., NeurIPS 2019): rank-r approximation by one step of power
+iteration, warm-started, summed in the compressed domain.
+
+A gradient is viewed as a matrix M of [rows, columns] = [product of all dimensions but
+the last, the last] (a convolution kernel [kh, kw, cin, cout] is [kh * kw * cin, cout],
+as PyTorch's hook shapes it). With Q [columns, r] kept from the previous step:
+
+    P = M Q;  P <- orthonormal columns of P (Gram-Schmidt);  Q = M^T P;  M ~ P Q^T.
+
+Under Mirrored/MultiWorkerMirroredStrategy each replica's P is all-reduced before the
+orthogonalisation and each Q after it (two collectives a variable), so the result is
+P Q_sum^T = P P^T (sum of the replicas' M): the projection of the summed gradient on a
+subspace every replica shares. Error feedback keeps, per replica, what its own M lost
+(M - P P^T M, the paper's Algorithm 2); the summed Q is the next step's warm start, the
+same on every replica. Under ParameterServerStrategy and in one process the payload
+carries P and Q, the receiver multiplies them, and the warm start stays with the sender
+(per worker).
+
+`PowerSGD(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
+per compressed variable) returns a `PowerSGDLayer` (a `tf.Module`: Q and the step count
+are checkpointed with the optimizer), or `NoCompression()` for a variable of rank < 2
+or one that rank r would not shrink by `min_compression_rate`.
+"""
+import zlib
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfgc.codecs import base, identity
+
+#: Added to a column's norm before dividing by it (PyTorch's orthogonalization epsilon):
+#: a zero column stays zero instead of turning into NaN.
+EPSILON = 1e-8
+
+
+class PowerSGD(base.Codec):
+    """PowerSGD settings; `bind(variable)` makes the per-variable compressor.
+
+    Args:
+      rank: r, the columns of P and Q (PyTorch's default: 1).
+      min_compression_rate: a variable is compressed only if rows * columns >=
+        min_compression_rate * r * (rows + columns) (PyTorch's default: 2).
+      start_step: steps sent uncompressed (all-reduced as they are) before the first
+        compressed one; PyTorch suggests about 10% of training.
+      seed: seeds Q's first value (the same on every replica, which the all-reduce
+        needs).
+
+    Use with error feedback (`tfgc.DistributedOptimizer`'s default): without it the
+    part of each gradient outside the shared subspace is lost for good.
+    """
+
+    summable = True
+
+    def __init__(self, rank: int = 1, min_compression_rate: float = 2.0,
+                 start_step: int = 0, seed: int = 0) -> None:
+        self.rank = base.check_integer(rank, "PowerSGD rank", low=1)
+        self.min_compression_rate = base.check_real(
+            min_compression_rate, "PowerSGD min_compression_rate")
+        self.start_step = base.check_integer(start_step, "PowerSGD start_step", low=0)
+        self.seed = base.check_integer(seed, "PowerSGD seed", low=0, high=2**31 - 1)
+
+    def get_config(self):
+        return {"rank": self.rank, "min_compression_rate": self.min_compression_rate,
+                "start_step": self.start_step, "seed": self.seed}
+
+    def matrix_shape(self, shape: base.Shape) -> Optional[tuple[int, int]]:
+        """(rows, columns) of a gradient of `shape`, or None where it is not compressed
+        (rank < 2, unknown dimensions, or less than `min_compression_rate` saved)."""
+        shape = tf.TensorShape(shape)
+        if shape.rank is None or shape.rank < 2 or not shape.is_fully_defined():
+            return None
+        columns = shape[-1]
+        rows = shape.num_elements() // max(columns, 1)
+        if rows * columns < self.min_compression_rate * self.rank * (rows + columns):
+            return None
+        return rows, columns
+
+    def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
+             name: Optional[str] = None) -> base.Codec:
+        """A `PowerSGDLayer` for `variable`, or `NoCompression()` (see the module doc)."""
+        if self.matrix_shape(variable.shape) is None:
+            return identity.NoCompression()
+        variable_name = getattr(variable, "name", "variable").split(":")[0]
+        name = name or "powersgd_" + "".join(c if c.isalnum() else "_" for c in variable_name)
+        return PowerSGDLayer(self, variable.shape, name=name, topology=topology,
+                             salt=zlib.crc32(variable_name.encode()))
+
+    def encode(self, x: tf.Tensor) -> base.Payload:
+        raise RuntimeError(
+            "PowerSGD keeps a warm start per variable: call codec.bind(variable) and use "
+            "the returned PowerSGDLayer (tfgc.DistributedOptimizer does this for you)")
+
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
+        self.encode(None)
+
+
+class PowerSGDLayer(tf.Module, base.Codec):
+    """PowerSGD's compressor for one variable (made by `PowerSGD.bind`).
+
+    Under Mirrored/MultiWorkerMirroredStrategy the wire calls
+    `all_reduce_and_reconstruct` (the codec owns the aggregation, error feedback around
+    it). Elsewhere it is a codec: `encode` on the sender, `decode` on the receiver.
+
+    Payload: {"p": [rows * r], "q": [columns * r], "dense": [0]} float32, or before
+    `start_step` {"p": [0], "q": [0], "dense": the gradient, flat}.
+
+    State: q (the warm start, [columns, r]) and step (encodings so far); the sender's
+    own, per worker under ParameterServerStrategy.
+    """
+
+    summable = True
+
+    def __init__(self, settings: PowerSGD, shape: base.Shape, name: str = "powersgd",
+                 topology: Optional[base.Topology] = None, salt: int = 0) -> None:
+        tf.Module.__init__(self, name=name)
+        topology = topology or base.Topology()
+        self.settings = settings
+        self.shape = [int(d) for d in tf.TensorShape(shape)]
+        self.rows, self.columns = settings.matrix_shape(shape)
+        self.rank = settings.rank
+        # Q's first value, and the value of a column that became zero (a zero gradient
+        # would otherwise keep P = M Q zero for good): the same on every replica.
+        self._initial_q = tf.random.stateless_normal(
+            [self.columns, self.rank], seed=[settings.seed, salt % 2**31])
+        with self.name_scope:
+            self.q = base.sender_state(self._initial_q, "q", topology)
+            self.step = base.sender_state(tf.constant(0, tf.int64), "step", topology)
+
+    def get_config(self):
+        return self.settings.get_config()
+
+    # --- the codec face (one process, ParameterServerStrategy) ---------------------------
+
+    def encode(self, x: tf.Tensor) -> base.Payload:
+        return self.encode_and_reconstruct(x)[0]
+
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
+        x = self._checked(x)
+        matrix = tf.reshape(tf.cast(x, tf.float32), [self.rows, self.columns])
+        q, started = self._read_state()
+        empty = tf.zeros([0])
+
+        def compressed():
+            p = orthonormal(tf.matmul(matrix, q))
+            new_q = tf.matmul(matrix, p, transpose_a=True)
+            return p, new_q, empty
+
+        def dense():
+            return tf.zeros([self.rows, self.rank]), q, tf.reshape(matrix, [-1])
+
+        p, new_q, flat = self._when_started(started, compressed, dense)
+        payload = {"p": _flat(p, started), "q": _flat(new_q, started), "dense": flat}
+        sent = self._when_started(started, lambda: tf.matmul(p, new_q, transpose_b=True),
+                                  lambda: matrix)
+        with tf.control_dependencies(self._advance(new_q, started)):
+            sent = tf.identity(sent)
+        return payload, tf.cast(tf.reshape(sent, self.shape), x.dtype)
+
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
+        """P Q^T (or the dense gradient before `start_step`) in the bound shape."""
+        if expected_shape is not None and base.static_dims(expected_shape, self.name) != self.shape:
+            raise base.MalformedPayloadError(
+                f"{self.name}: decodes tensors of shape {self.shape}, expected "
+                f"{base.static_dims(expected_shape, self.name)}")
+        fields = base.check_payload(payload, self.name, _FIELDS)
+        p, q, flat = fields["p"], fields["q"], fields["dense"]
+        rows, columns, rank = self.rows, self.columns, self.rank
+        sizes = tf.stack([tf.size(p), tf.size(q), tf.size(flat)])
+        low_rank = tf.reduce_all(tf.equal(sizes, [rows * rank, columns * rank, 0]))
+        full = tf.reduce_all(tf.equal(sizes, [0, 0, rows * columns]))
+        check = tf.debugging.Assert(
+            tf.logical_or(low_rank, full),
+            [f"{self.name} payload: sizes of p, q and dense are", sizes, "expected "
+             f"{[rows * rank, columns * rank, 0]} or {[0, 0, rows * columns]}"])
+        with tf.control_dependencies([check]):
+            decoded = tf.cond(
+                low_rank,
+                lambda: tf.matmul(tf.reshape(p, [rows, rank]), tf.reshape(q, [columns, rank]),
+                                  transpose_b=True),
+                lambda: tf.reshape(flat, [rows, columns]))
+        return tf.reshape(decoded, self.shape)
+
+    # --- the all-reduce face (Mirrored, MultiWorkerMirroredStrategy) ----------------------
+
+    def all_reduce(self, gradient: tf.Tensor, replica_context: tf.distribute.ReplicaContext
+                   ) -> tuple[tf.Tensor, tf.Tensor]:
+        """(the replicas' summed gradient, approximated; bytes this replica sent)."""
+        total, _, nbytes = self.all_reduce_and_reconstruct(gradient, replica_context)
+        return total, nbytes
+
+    def all_reduce_and_reconstruct(self, gradient: tf.Tensor,
+                                   replica_context: tf.distribute.ReplicaContext
+                                   ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Sums every replica's `gradient` by PowerSGD's two all-reduces.
+
+        Returns:
+          (P Q_sum^T, this replica's own share P P^T M, what error feedback keeps the
+          rest of; bytes this replica sent), the first two in gradient's shape and dtype.
+        """
+        gradient = self._checked(gradient)
+        sum_ = tf.distribute.ReduceOp.SUM
+        matrix = tf.reshape(tf.cast(gradient, tf.float32), [self.rows, self.columns])
+        q, started = self._read_state()
+        # Collectives cannot sit inside tf.cond under MultiWorkerMirroredStrategy: every
+        # step issues the same two, whose lengths depend on the phase.
+        first = self._when_started(started, lambda: tf.reshape(tf.matmul(matrix, q), [-1]),
+                                   lambda: tf.reshape(matrix, [-1]))
+        first_sum = replica_context.all_reduce(sum_, first)
+
+        def own_q():
+            p = orthonormal(tf.reshape(first_sum, [self.rows, self.rank]))
+            return p, tf.matmul(matrix, p, transpose_a=True)
+
+        def no_q():
+            return tf.zeros([self.rows, self.rank]), q
+
+        p, local_q = self._when_started(started, own_q, no_q)
+        second = self._when_started(started, lambda: tf.reshape(local_q, [-1]),
+                                    lambda: tf.zeros([1]))
+        second_sum = replica_context.all_reduce(sum_, second)
+        new_q = self._when_started(
+            started, lambda: tf.reshape(second_sum, [self.columns, self.rank]), lambda: q)
+        total = self._when_started(started, lambda: tf.matmul(p, new_q, transpose_b=True),
+                                   lambda: tf.reshape(first_sum, [self.rows, self.columns]))
+        own = self._when_started(started, lambda: tf.matmul(p, local_q, transpose_b=True),
+                                 lambda: matrix)
+        with tf.control_dependencies(self._advance(new_q, started)):
+            total = tf.identity(total)
+        nbytes = 4 * (tf.size(first, out_type=tf.int64) + tf.size(second, out_type=tf.int64))
+        return (tf.cast(tf.reshape(total, self.shape), gradient.dtype),
+                tf.cast(tf.reshape(own, self.shape), gradient.dtype), nbytes)
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _read_state(self):
+        """(Q, whether this step compresses), read outside any branch (see
+        `base.sender_state`)."""
+        started = None
+        if self.settings.start_step > 0:
+            started = self.step.read_value() >= self.settings.start_step
+        return self.q.read_value(), started
+
+    def _when_started(self, started, compressed, dense):
+        """`compressed()` from `start_step` on, `dense()` before it (no branch when
+        every step compresses)."""
+        if started is None:
+            return compressed()
+        return tf.cond(started, compressed, dense)
+
+    def _advance(self, new_q, started):
+        """Keeps `new_q` as the next warm start (unless it is not finite: a failed step
+        keeps the old one), a zero column replaced by its first value; counts a step."""
+        finite = base.all_finite(new_q)
+        if started is not None:
+            finite = tf.logical_and(finite, started)
+        alive = tf.reduce_any(tf.not_equal(new_q, 0.0), axis=0, keepdims=True)
+        kept = tf.where(finite, tf.where(alive, new_q, self._initial_q), self.q.read_value())
+        return [self.q.assign(kept), self.step.assign_add(1)]
+
+    def _checked(self, x):
+        x = base.check_floating(x, self.name)
+        if not x.shape.is_compatible_with(self.shape):
+            raise ValueError(f"{self.name} was bound to a tensor of shape {self.shape}, "
+                             f"got {x.shape}")
+        return x
+
+
+def orthonormal(matrix: tf.Tensor) -> tf.Tensor:
+    """The columns of `matrix` [n, r] made orthonormal by Gram-Schmidt, in order; a
+    zero column stays zero.
+
+    Each column is projected off the ones before it twice: once, a column (nearly) in
+    their span keeps rounding error along them, which normalising would blow up into a
+    column far from orthogonal.
+    """
+    columns = []
+    for i in range(matrix.shape[1]):
+        column = matrix[:, i]
+        for _ in range(2 if columns else 0):
+            column /= tf.norm(column) + EPSILON
+            for done in columns:
+                column -= tf.reduce_sum(done * column) * done
+        columns.append(column / (tf.norm(column) + EPSILON))
+    return tf.stack(columns, axis=1)
+
+
+def _flat(matrix, started):
+    """`matrix` flat for the payload, or empty before `start_step`."""
+    flat = tf.reshape(matrix, [-1])
+    if started is None:
+        return flat
+    return tf.cond(started, lambda: flat, lambda: tf.zeros([0]))
+
+
+_FIELDS = {
+    "p": base.Field((tf.float32,), rank=1),
+    "q": base.Field((tf.float32,), rank=1),
+    "dense": base.Field((tf.float32,), rank=1),
+}
