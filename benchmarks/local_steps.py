@@ -9,7 +9,8 @@ Each configuration is one `python -m models.train --strategy mwms --workers 2` r
 ring all-reduce), the same model, data, seed and number of steps: fp32 and ThreeLC(1.0)
 synchronous steps, then ThreeLC on the pseudo-gradients of local steps (H steps between
 meetings, plain averaging and DiLoCo's Nesterov outer step), on loopback or on emulated
-links (`--bandwidth`). Per run: test accuracy after the same number of samples, the
+links (`--bandwidth`). A configuration named by a compression spec instead (e.g.
+`powersgd:rank=1`) is that codec's synchronous steps. Per run: test accuracy after the same number of samples, the
 bytes worker 0 sent to the other worker per step (its socket counters, `ss`), and the
 step time (after the first Keras epoch). Prints a table with the ratios against
 fp32 and against ThreeLC's synchronous steps, from this run, and writes every run's
@@ -23,6 +24,9 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from models.train_args import parse_compression  # noqa: E402
 
 # name: the models.train arguments of the configuration.
 CONFIGS = {
@@ -36,16 +40,22 @@ CONFIGS = {
 }
 
 
+def train_arguments(name):
+    """The models.train arguments of configuration `name`: a named one, or synchronous
+    steps with the compression spec `name`."""
+    return CONFIGS.get(name, ["--compression", name])
+
+
 def run(name, args, out_dir):
     """One models.train run; returns its summary."""
-    run_dir = os.path.join(out_dir, name.replace(" ", "_").replace("=", ""))
+    run_dir = os.path.join(out_dir, "".join(c if c.isalnum() else "_" for c in name))
     command = [sys.executable, "-m", "models.train", "--strategy", "mwms", "--workers", "2",
                "--model", args.model, "--dataset", args.dataset, "--train-limit",
                str(args.train_limit), "--test-limit", str(args.test_limit), "--steps",
                str(args.steps), "--log-every", str(args.log_every), "--lr", str(args.lr),
                "--weight-decay-mode", "optimizer", "--seed", str(args.seed), "--verbose", "0",
                "--no-tensorboard", "--timeout", str(args.timeout), "--out", run_dir,
-               *CONFIGS[name]] + (["--bandwidth", args.bandwidth] if args.bandwidth else [])
+               *train_arguments(name)] + (["--bandwidth", args.bandwidth] if args.bandwidth else [])
     print(f"[local_steps] {name}: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, cwd=REPO, check=True, timeout=args.timeout + 120)
     with open(os.path.join(run_dir, "summary.json")) as f:
@@ -79,7 +89,8 @@ def table(summaries):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help="comma-separated names among: " + ", ".join(CONFIGS))
+                        help="comma-separated names among: " + ", ".join(CONFIGS)
+                        + "; or compression specs of one argument (e.g. powersgd:rank=1)")
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--train-limit", type=int, default=10000)
@@ -94,10 +105,14 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per run")
     parser.add_argument("--out", default=None, help="JSON of every run's summary")
     args = parser.parse_args(argv)
-    names = args.configs.split(",")
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        parser.error(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
+    names = [name.strip() for name in args.configs.split(",") if name.strip()]
+    for name in names:
+        if name not in CONFIGS:
+            try:
+                parse_compression(name)
+            except ValueError as error:
+                parser.error(f"configuration {name!r} is neither one of {list(CONFIGS)} nor "
+                             f"a compression spec: {error}")
     with tempfile.TemporaryDirectory(prefix="local_steps_") as out_dir:
         summaries = [run(name, args, out_dir) for name in names]
     text = table(summaries)

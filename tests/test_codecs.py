@@ -18,7 +18,7 @@ def all_codecs():
         C.NoCompression(), C.Cast("float16"), C.Cast("bfloat16"), C.Int8(), C.ThreeLC(1.0),
         C.ThreeLC(1.9), C.StochasticTernary(seed=3), C.OneBit(), C.Sparsify(0.25),
         C.Sparsify(0.05), C.TopK(0.01), C.LogQuant(4), C.FastSGD(), C.Quantize(2),
-        C.Quantize(8), C.QSGD(4, seed=3),
+        C.Quantize(8), C.QSGD(4, seed=3), C.ScaledSign(), C.RandomK(0.25, seed=3),
     ]
 
 
@@ -55,7 +55,7 @@ def test_wire_bytes_follow_the_table(rng, codec):
     nominal = {
         C.NoCompression: lambda: 32, C.Cast: lambda: 16, C.Int8: lambda: 8,
         C.StochasticTernary: lambda: 1.6, C.OneBit: lambda: 1, C.LogQuant: lambda: codec.bits,
-        C.QSGD: lambda: codec.bits + 32 / codec.bucket_size,
+        C.QSGD: lambda: codec.bits + 32 / codec.bucket_size, C.ScaledSign: lambda: 1,
     }
     if type(codec) in nominal:
         expected = nominal[type(codec)]()
@@ -66,6 +66,8 @@ def test_wire_bytes_follow_the_table(rng, codec):
         assert bits == pytest.approx(1 + 32 * codec.fraction, rel=0.01)
     elif isinstance(codec, C.TopK):
         assert bits == pytest.approx(64 * codec.ratio, rel=0.05)
+    elif isinstance(codec, C.RandomK):
+        assert bits == pytest.approx(32 * codec.fraction, rel=0.01)
     elif isinstance(codec, C.ThreeLC):
         assert bits <= 1.6 + 0.05
 

@@ -19,6 +19,7 @@ WRAPPERS = {
     "magnitude_select": "(x, wanted, positions='bitmap', non_finite_in_wanted=False)",
     "pack_bits": "(codes, bits)",
     "pack_keys": "(keys, flag_bits=2)",
+    "positions_expand": "(positions, values, n)",
     "qsgd_decode": "(packed, norms, n, bits, bucket_size)",
     "qsgd_encode": "(x, norms, seed, bits, bucket_size)",
     "qsgd_norms": "(x, bucket_size)",

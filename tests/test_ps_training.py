@@ -27,8 +27,9 @@ COORDINATOR = cluster_scripts.script(
                 tf_keras.layers.Dense(256, activation="relu", input_shape=(64,)),
                 tf_keras.layers.Dense(10), tf_keras.layers.Activation("linear", dtype="float32")])
             opt = tf_keras.optimizers.SGD(0.1)
-            if name == "threelc":
-                opt = tfgc.DistributedOptimizer(opt, compression=tfgc.codecs.ThreeLC(1.0))
+            codecs = {"threelc": tfgc.codecs.ThreeLC(1.0), "powersgd": tfgc.codecs.PowerSGD(2)}
+            if name in codecs:
+                opt = tfgc.DistributedOptimizer(opt, compression=codecs[name])
                 opt.build(model.trainable_variables)
             model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0).repeat().batch(32)
@@ -40,7 +41,7 @@ COORDINATOR = cluster_scripts.script(
             "worker_to_ps": c.traffic_between("worker", "ps", rows=rows) - before,
             "ps_to_worker": c.traffic_between("ps", "worker", rows=rows),
             "iterations": int(opt.iterations.numpy()),
-            "counted": int(opt.traffic["push_bytes"].numpy()) if name == "threelc" else None,
+            "counted": int(opt.traffic["push_bytes"].numpy()) if name != "none" else None,
         }
     send_report(result)
     """
@@ -65,6 +66,20 @@ def test_parameter_servers_receive_only_compressed_gradients(run_report):
     # Training still learns.
     assert compressed["loss"][-1] < compressed["loss"][0]
     assert compressed["loss"][-1] < plain["loss"][-1] + 0.2
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_servers_decode_powersgd_pushes_from_each_workers_warm_start(run_report):
+    report = run_report(COORDINATOR, timeout=400, args=["powersgd"])
+    steps = 45
+    gradient_bytes = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    # Rank 2: P and Q of both kernels in float32, the biases in float16 (below min_elements).
+    payload = 4 * 2 * ((64 + 256) + (256 + 10)) + 2 * (256 + 10)
+    assert report["iterations"] == steps
+    assert report["counted"] == steps * payload
+    assert steps * payload <= report["worker_to_ps"] < steps * gradient_bytes / 6
+    assert report["loss"][-1] < report["loss"][0]
 
 
 @pytest.mark.cluster

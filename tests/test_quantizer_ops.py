@@ -341,6 +341,27 @@ def test_bitmap_expand_refuses_sizes_that_disagree():
         tfgc_ops.bitmap_expand(bitmap, values, 2**63 - 1)
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_positions_expand_inverts_the_selection(rng, size):
+    for x in layouts(rng, size):
+        positions, kept, dense = tfgc_ops.magnitude_select(x, size // 20, positions="indices")
+        np.testing.assert_array_equal(tfgc_ops.positions_expand(positions, kept, size).numpy(),
+                                      dense.numpy())
+
+
+def test_positions_expand_refuses_positions_out_of_order_or_range():
+    values = np.array([1.0, 2.0, 3.0], np.float32)
+    np.testing.assert_array_equal(tfgc_ops.positions_expand([0, 4, 6], values, 7).numpy(),
+                                  [1, 0, 0, 0, 2, 0, 3])
+    np.testing.assert_array_equal(tfgc_ops.positions_expand([], [], 3).numpy(), [0, 0, 0])
+    for positions, n in (([0, 4, 7], 7), ([-1, 4, 6], 7), ([0, 4, 4], 7), ([4, 0, 6], 7),
+                         ([0, 1, 2], 2), ([0, 1, 2], -1)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="positions_expand"):
+            tfgc_ops.positions_expand(positions, values, n)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 positions but 2 values"):
+        tfgc_ops.positions_expand([0, 1, 2], values[:2], 7)
+
+
 def test_magnitude_select_checks_its_inputs():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
         tfgc_ops.magnitude_select(np.ones([2, 3], np.float32), 1)

@@ -29,7 +29,9 @@ from tfgc_ops.quartic import (
     quartic_fold, quartic_unfold,
 )
 from tfgc_ops.quartic_entropy import quartic_entropy_decode, quartic_entropy_encode
-from tfgc_ops.sparse import bitmap_expand, magnitude_filter, magnitude_select, row_sums
+from tfgc_ops.sparse import (
+    bitmap_expand, magnitude_filter, magnitude_select, positions_expand, row_sums,
+)
 from tfgc_ops.stochastic import qsgd_decode, qsgd_encode, qsgd_norms, stochastic_ternary_fold
 from tfgc_ops.zero_run import zero_run_decode, zero_run_encode
 
@@ -42,7 +44,7 @@ __all__ = [
     # keys, bits
     "pack_keys", "unpack_keys", "check_flag_bits", "pack_bits", "unpack_bits",
     # sparse
-    "magnitude_select", "bitmap_expand", "magnitude_filter", "row_sums",
+    "magnitude_select", "bitmap_expand", "positions_expand", "magnitude_filter", "row_sums",
     # quantize
     "value_range", "uniform_quantize", "sign_bits_encode", "log_levels_encode",
     "log_levels_decode",

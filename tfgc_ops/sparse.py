@@ -6,7 +6,7 @@ import tensorflow as tf
 from tfgc_ops._inputs import TensorLike
 from tfgc_ops._load import ops as _ops
 
-__all__ = ["magnitude_select", "bitmap_expand", "magnitude_filter", "row_sums"]
+__all__ = ["magnitude_select", "bitmap_expand", "positions_expand", "magnitude_filter", "row_sums"]
 
 
 def magnitude_select(x: TensorLike, wanted: TensorLike, positions: str = "bitmap",
@@ -51,6 +51,21 @@ def bitmap_expand(bitmap: TensorLike, values: TensorLike, n: TensorLike) -> tf.T
     return _ops.tfgc_bitmap_expand(tf.convert_to_tensor(bitmap, tf.uint8),
                                    tf.convert_to_tensor(values, tf.float32),
                                    tf.cast(n, tf.int64))
+
+
+def positions_expand(positions: TensorLike, values: TensorLike, n: TensorLike) -> tf.Tensor:
+    """The inverse of `magnitude_select`'s positions and values (TopK's decode).
+
+    Returns:
+      float32 [n]: values[j] at positions[j], 0 elsewhere, written in one pass.
+
+    Raises:
+      tf.errors.InvalidArgumentError: not as many values as positions, n negative, or
+        positions not strictly ascending within [0, n) (checked before allocating).
+    """
+    return _ops.tfgc_positions_expand(tf.convert_to_tensor(positions, tf.int32),
+                                      tf.convert_to_tensor(values, tf.float32),
+                                      tf.cast(n, tf.int64))
 
 
 def magnitude_filter(v: TensorLike, factor: TensorLike) -> tuple[tf.Tensor, tf.Tensor]:

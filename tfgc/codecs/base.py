@@ -163,6 +163,11 @@ class Codec(abc.ABC):
     #: payload each.
     batched = False
 
+    #: True for a bound codec whose sender keeps state of its own in per-worker
+    #: variables under ParameterServerStrategy (PowerSGD's warm start, GradiVeQ's copy
+    #: of its compressor); local steps there, which encode in a branch, refuse it.
+    keeps_sender_state = False
+
     #: The most elements `decode` returns when called without `expected_shape`;
     #: None: the module's `MAX_DECODED_ELEMENTS` (read when decoding).
     max_decoded_elements = None

@@ -217,6 +217,7 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
     """
 
     summable = True
+    keeps_sender_state = True
     supports_error_feedback = False
 
     def __init__(self, settings: GradiVeQ, kernel_shape: Sequence[int],

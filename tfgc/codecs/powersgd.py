@@ -111,6 +111,7 @@ class PowerSGDLayer(tf.Module, base.Codec):
     """
 
     summable = True
+    keeps_sender_state = True
 
     def __init__(self, settings: PowerSGD, shape: base.Shape, name: str = "powersgd",
                  topology: Optional[base.Topology] = None, salt: int = 0) -> None:
@@ -194,21 +195,30 @@ class PowerSGDLayer(tf.Module, base.Codec):
     def all_reduce_and_reconstruct(self, gradient: tf.Tensor,
                                    replica_context: tf.distribute.ReplicaContext
                                    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Sums every replica's `gradient` by PowerSGD's two all-reduces.
+        """`all_reduce_group` of this layer alone: (P Q_sum^T, this replica's own share
+        P P^T M, bytes this replica sent)."""
+        (total,), (own,), (nbytes,) = all_reduce_group([self], [gradient], replica_context)
+        return total, own, nbytes
 
-        Returns:
-          (P Q_sum^T, this replica's own share P P^T M, what error feedback keeps the
-          rest of; bytes this replica sent), the first two in gradient's shape and dtype.
-        """
+    @staticmethod
+    def all_reduce_group(layers, gradients, replica_context):
+        """The module's `all_reduce_group`: several layers' sums in one set of
+        collectives (the wire groups the variables whose codecs offer it)."""
+        return all_reduce_group(layers, gradients, replica_context)
+
+    def _first(self, gradient):
+        """What this layer puts into the first all-reduce, and what it keeps for the
+        second: (flat tensor, (M, Q, started))."""
         gradient = self._checked(gradient)
-        sum_ = tf.distribute.ReduceOp.SUM
         matrix = tf.reshape(tf.cast(gradient, tf.float32), [self.rows, self.columns])
         q, started = self._read_state()
-        # Collectives cannot sit inside tf.cond under MultiWorkerMirroredStrategy: every
-        # step issues the same two, whose lengths depend on the phase.
         first = self._when_started(started, lambda: tf.reshape(tf.matmul(matrix, q), [-1]),
                                    lambda: tf.reshape(matrix, [-1]))
-        first_sum = replica_context.all_reduce(sum_, first)
+        return first, (matrix, q, started)
+
+    def _second(self, first_sum, kept):
+        """What it puts into the second all-reduce, from its part of the first's sum."""
+        matrix, q, started = kept
 
         def own_q():
             p = orthonormal(tf.reshape(first_sum, [self.rows, self.rank]))
@@ -220,7 +230,12 @@ class PowerSGDLayer(tf.Module, base.Codec):
         p, local_q = self._when_started(started, own_q, no_q)
         second = self._when_started(started, lambda: tf.reshape(local_q, [-1]),
                                     lambda: tf.zeros([1]))
-        second_sum = replica_context.all_reduce(sum_, second)
+        return second, (p, local_q)
+
+    def _finish(self, first_sum, second_sum, kept, computed, dtype):
+        """(the summed gradient, this replica's share) from both sums; advances the state."""
+        matrix, q, started = kept
+        p, local_q = computed
         new_q = self._when_started(
             started, lambda: tf.reshape(second_sum, [self.columns, self.rank]), lambda: q)
         total = self._when_started(started, lambda: tf.matmul(p, new_q, transpose_b=True),
@@ -229,9 +244,8 @@ class PowerSGDLayer(tf.Module, base.Codec):
                                  lambda: matrix)
         with tf.control_dependencies(self._advance(new_q, started)):
             total = tf.identity(total)
-        nbytes = 4 * (tf.size(first, out_type=tf.int64) + tf.size(second, out_type=tf.int64))
-        return (tf.cast(tf.reshape(total, self.shape), gradient.dtype),
-                tf.cast(tf.reshape(own, self.shape), gradient.dtype), nbytes)
+        return (tf.cast(tf.reshape(total, self.shape), dtype),
+                tf.cast(tf.reshape(own, self.shape), dtype))
 
     # --- state ---------------------------------------------------------------------------
 
@@ -266,6 +280,43 @@ class PowerSGDLayer(tf.Module, base.Codec):
             raise ValueError(f"{self.name} was bound to a tensor of shape {self.shape}, "
                              f"got {x.shape}")
         return x
+
+
+def all_reduce_group(layers: Sequence[PowerSGDLayer], gradients: Sequence[tf.Tensor],
+                     replica_context: tf.distribute.ReplicaContext
+                     ) -> tuple[list[tf.Tensor], list[tf.Tensor], tf.Tensor]:
+    """Sums every replica's `gradients`, one per layer of `layers`, with two all-reduces
+    for all of them (PyTorch's batched hook does the same): every layer's P laid end to
+    end, then every Q.
+
+    Collectives cannot sit inside tf.cond under MultiWorkerMirroredStrategy, so before
+    `start_step` the same two run: the first carries the gradients as they are, the
+    second a word per layer.
+
+    Returns:
+      ([P Q_sum^T per layer], [this replica's own share P P^T M per layer], [bytes this
+      replica sent per layer]), the first two in each gradient's shape and dtype.
+    """
+    sum_ = tf.distribute.ReduceOp.SUM
+    firsts, kept = zip(*(layer._first(g) for layer, g in zip(layers, gradients)))
+    first_sums = _split_like(replica_context.all_reduce(sum_, base.concat_flat(firsts)), firsts)
+    seconds, computed = zip(*(layer._second(part, k)
+                              for layer, part, k in zip(layers, first_sums, kept)))
+    second_sums = _split_like(replica_context.all_reduce(sum_, base.concat_flat(seconds)),
+                              seconds)
+    results = [layer._finish(a, b, k, c, tf.convert_to_tensor(g).dtype)
+               for layer, a, b, k, c, g in zip(layers, first_sums, second_sums, kept, computed,
+                                               gradients)]
+    nbytes = [4 * (tf.size(a, out_type=tf.int64) + tf.size(b, out_type=tf.int64))
+              for a, b in zip(firsts, seconds)]
+    return [total for total, _ in results], [own for _, own in results], nbytes
+
+
+def _split_like(flat, parts):
+    """`flat` cut into pieces as long as `parts` (their lengths known statically or not)."""
+    if len(parts) == 1:
+        return [flat]
+    return tf.split(flat, tf.stack([tf.size(part) for part in parts]))
 
 
 def orthonormal(matrix: tf.Tensor) -> tf.Tensor:

@@ -78,7 +78,8 @@ class TopK(base.ReconstructingCodec):
     """Sends the k = ceil(ratio * n) largest-magnitude values and their int32 indices
     (fewer when fewer are non-zero; non-finite values always, as a failed step).
 
-    Payload: {"indices": int32 (ascending), "values" in x's dtype, "shape"}.
+    Payload: {"indices": int32, strictly ascending (the C++ decode of float32, float16
+    and bfloat16 values refuses others), "values" in x's dtype, "shape"}.
     """
 
     def __init__(self, ratio: float = 0.01) -> None:
@@ -115,6 +116,14 @@ class TopK(base.ReconstructingCodec):
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _TOPK_FIELDS, expected_shape)
         indices = fields["indices"]
+        dtype = fields["values"].dtype
+        if indices.dtype == tf.int32 and dtype in _THROUGH_FLOAT32:
+            # One pass in C++ (`tfgc_ops.positions_expand`, which checks the sizes and
+            # that the indices ascend within n first): tf.scatter_nd to 1% of 16M
+            # positions ran at 0.14-0.16x a one-pass XLA op.
+            values = tf.cast(fields["values"], tf.float32)
+            dense = tfgc_ops.positions_expand(indices, values, n)
+            return tf.reshape(tf.cast(dense, dtype), dims)
         values = base.check_size(fields["values"], tf.size(indices), self.name, key="values")
         # n is at most MAX_ELEMENTS (checked), so it fits int32 indices; scatter_nd
         # refuses an index outside it.

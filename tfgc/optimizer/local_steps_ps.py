@@ -76,7 +76,8 @@ class ServerMeetings:
 
     Raises:
       ValueError: a variable is not pulled, or its pulls do not skip the local steps.
-      NotImplementedError: an inner optimizer other than SGD (`check_inner_optimizer`).
+      NotImplementedError: an inner optimizer other than SGD (`check_inner_optimizer`),
+        or a codec that keeps per-worker state (`Codec.keeps_sender_state`).
     """
 
     def __init__(self, optimizer, variables):
@@ -98,6 +99,15 @@ class ServerMeetings:
         self.optimizer = optimizer
         self.variables = list(variables)
         self.masters = [v.master for v in self.variables]
+        encoder = optimizer.encoder
+        stateful = [m.name for m in self.masters
+                    if encoder.compresses(m) and encoder.bound_codec(m).keeps_sender_state]
+        if stateful:
+            raise NotImplementedError(
+                f"local_steps under ParameterServerStrategy encodes a meeting's "
+                "pseudo-gradients in a branch, where a codec's per-worker state cannot be "
+                f"read yet; the codec of {stateful[0]} keeps some ({encoder.compression!r}): "
+                "use a codec without it (ThreeLC, Quantize, TopK, ...)")
         self._positions = {id(master): i for i, master in enumerate(self.masters)}
         self._workers = float(num_workers())
         self.counters = list({id(v.owner): v.owner.local_step

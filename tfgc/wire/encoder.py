@@ -15,7 +15,9 @@ import copy
 
 import tensorflow as tf
 
-from tfgc.codecs.base import SendsValuesAlone, Topology, bind_to, encode_group
+from tfgc.codecs.base import (
+    SendsValuesAlone, Topology, bind_to, concat_flat, encode_group, split_flat,
+)
 from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.distribute import is_parameter_server
 
@@ -175,6 +177,29 @@ class Encoder:
                                                 gradient, residual)
         return total, nbytes
 
+    def reduce_group_key(self, variable):
+        """Variables with one key are summed together by their codecs' class-level
+        `all_reduce_group` (one set of collectives, PowerSGD's); None: `variable`'s
+        codec has none (it is summed alone, by `all_reduce`)."""
+        codec = self.codec(variable)
+        if getattr(type(codec), "all_reduce_group", None) is None:
+            return None
+        return type(codec), variable.dtype, self.residual(variable) is not None
+
+    def all_reduce_group(self, pairs, replica_context):
+        """`all_reduce` of (gradient, variable) `pairs` that share a `reduce_group_key`:
+        ([decoded sums], [bytes this replica sent for each])."""
+        codecs = [self.codec(v) for _, v in pairs]
+        gradients = [tf.convert_to_tensor(g) for g, _ in pairs]
+        residuals = [self.residual(v) for _, v in pairs]
+        group = type(codecs[0]).all_reduce_group
+        if residuals[0] is None:
+            totals, _, nbytes = group(codecs, gradients, replica_context)
+            return totals, nbytes
+        (totals, nbytes), _ = self.feedback.flat_step(
+            _ReplicaSumGroup(group, codecs, replica_context), gradients, residuals)
+        return totals, nbytes
+
     def values_alone(self, gradient, variable):
         """Whether `gradient`, IndexedSlices, may travel as its rows alone to a receiver
         that holds its indices: its codec sends them so and keeps no residual for it."""
@@ -217,3 +242,18 @@ class _ReplicaSum:
     def encode_and_reconstruct(self, x):
         total, own, nbytes = self._codec.all_reduce_and_reconstruct(x, self._context)
         return (total, nbytes), own
+
+
+class _ReplicaSumGroup:
+    """`_ReplicaSum` for the codecs of several variables summed by one
+    `all_reduce_group`, seen as a batched codec (tensors laid end to end)."""
+
+    def __init__(self, group, codecs, replica_context):
+        self._group = group
+        self._codecs = codecs
+        self._context = replica_context
+
+    def encode_and_reconstruct_flat(self, flat, shapes):
+        totals, owns, nbytes = self._group(self._codecs, split_flat(flat, shapes),
+                                           self._context)
+        return (totals, nbytes), concat_flat(owns)

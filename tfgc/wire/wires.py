@@ -206,7 +206,8 @@ class AllReduceWire(Wire):
     decoded once. Other codecs' payloads are packed into one fused message per bucket
     (tfgc.wire.Layout), all-gathered (padded to the longest replica's), and every
     replica unpacks, decodes and sums all of them. A codec with its own `all_reduce`
-    (`tfgc.codecs.base.AllReducing`) does its variable's whole aggregation.
+    (`tfgc.codecs.base.AllReducing`) does its variable's whole aggregation, and codecs
+    of a class with an `all_reduce_group` (PowerSGD) do their variables' together.
 
     Args:
       encoder: the `tfgc.wire.encoder.Encoder` of the optimizer whose gradients are sent.
@@ -225,6 +226,7 @@ class AllReduceWire(Wire):
         nbytes = {}
         fingerprint = {"values": tf.constant(self._fingerprint, tf.float32)}
         summed, gathered = [(None, fingerprint)], []  # (position, payload)
+        together = {}  # reduce group key: positions summed by one all_reduce_group
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is None:
                 continue
@@ -234,8 +236,12 @@ class AllReduceWire(Wire):
                 continue
             codec = self.encoder.codec(variable)
             if isinstance(codec, base.AllReducing):
-                received[position], nbytes[position] = self.encoder.all_reduce(
-                    gradient, variable, context)
+                key = self.encoder.reduce_group_key(variable)
+                if key is not None:
+                    together.setdefault(key, []).append(position)
+                else:
+                    received[position], nbytes[position] = self.encoder.all_reduce(
+                        gradient, variable, context)
                 continue
             if codec.summable and isinstance(gradient, tf.IndexedSlices):
                 # Replicas' slices have their own rows and lengths: sum them dense.
@@ -243,9 +249,14 @@ class AllReduceWire(Wire):
             payload = self.encoder.payload(gradient, variable)
             if codec.summable:
                 summed.append((position, payload))
-                nbytes[position] = base.payload_nbytes(payload)
+                nbytes[position] = base.payload_nbytes(_summed_entries(payload))
             else:
                 gathered.append((position, payload))
+        for positions in together.values():
+            totals, counts = self.encoder.all_reduce_group(
+                [grads_and_vars[p] for p in positions], context)
+            for position, total, count in zip(positions, totals, counts):
+                received[position], nbytes[position] = total, count
         (_, fingerprints), *summed = self._all_reduce(context, summed)
         check = self._check_agreement(context, fingerprints["values"])
         for position, payload in summed:
@@ -278,10 +289,8 @@ class AllReduceWire(Wire):
         collective per dtype and bucket; returns [(position, summed payload)]."""
         by_dtype = {}
         for index, (_, payload) in enumerate(summed):
-            for key, tensor in payload.items():
-                # Empty entries (a dtype marker) stay as they are: nothing to sum.
-                if tensor.dtype.is_floating and tensor.shape.num_elements() != 0:
-                    by_dtype.setdefault(tensor.dtype, []).append((index, key))
+            for key, tensor in _summed_entries(payload).items():
+                by_dtype.setdefault(tensor.dtype, []).append((index, key))
         results = [dict(payload) for _, payload in summed]
         options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=self.bucket_bytes)
         for places in by_dtype.values():
@@ -320,6 +329,14 @@ class AllReduceWire(Wire):
                 totals[i] = decoded if totals[i] is None else totals[i] + decoded
         return [(position, total, share)
                 for (position, _), total, share in zip(bucket, totals, shares)]
+
+
+def _summed_entries(payload):
+    """The entries of a summable codec's payload that the all-reduce sums: the floating
+    ones. The others (a shape, RandomK's seed) are the same on every replica and stay
+    where they are, as do empty ones (a dtype marker)."""
+    return {key: tensor for key, tensor in payload.items()
+            if tensor.dtype.is_floating and tensor.shape.num_elements() != 0}
 
 
 def _fingerprint(settings):

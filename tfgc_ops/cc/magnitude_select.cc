@@ -280,6 +280,28 @@ void Expand(const uint8_t* bitmap, int64_t n, const float* values, float* out) {
   }
 }
 
+bool PositionsAscendWithin(const int32_t* positions, int64_t count, int64_t n) {
+  int64_t previous = -1;
+  for (int64_t j = 0; j < count; ++j) {
+    if (positions[j] <= previous) return false;
+    previous = positions[j];
+  }
+  return previous < n;
+}
+
+void ExpandPositions(const int32_t* positions, int64_t count, const float* values, int64_t n,
+                     float* out) {
+  // Zeros between the positions, written in order: one sequential pass over `out`,
+  // where a zero fill then a scatter would write it twice.
+  int64_t start = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    std::fill(out + start, out + positions[j], 0.0f);
+    out[positions[j]] = values[j];
+    start = positions[j] + 1;
+  }
+  std::fill(out + start, out + n, 0.0f);
+}
+
 void Write(const float* x, int64_t n, const Selection& selection, const Outputs& outputs) {
   const int which = (outputs.bitmap != nullptr) | (outputs.positions != nullptr) << 1 |
                     (outputs.values != nullptr) << 2 | (outputs.reconstruction != nullptr) << 3;

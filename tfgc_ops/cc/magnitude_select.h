@@ -12,7 +12,7 @@
 // (in position order) with p == threshold", plus the non-finite ones. `Write` applies it
 // in one pass: the bitmap or the positions, the selected values, and the dense tensor of
 // the selected values (zeros elsewhere). `Expand` turns a bitmap and values back into
-// the dense tensor (Sparsify's decode).
+// the dense tensor (Sparsify's decode), `ExpandPositions` positions and values (TopK's).
 #ifndef TFGC_OPS_CC_MAGNITUDE_SELECT_H_
 #define TFGC_OPS_CC_MAGNITUDE_SELECT_H_
 
@@ -52,6 +52,15 @@ int64_t CountSelected(const uint8_t* bitmap, int64_t n);
 // The inverse of a bitmap and values: out[i] = the next of `values` where bit i is set,
 // else 0, for i in [0, n). `values` must hold CountSelected(bitmap, n) floats.
 void Expand(const uint8_t* bitmap, int64_t n, const float* values, float* out);
+
+// True when `positions` [0, count) are strictly ascending and lie in [0, n): what
+// `ExpandPositions` needs.
+bool PositionsAscendWithin(const int32_t* positions, int64_t count, int64_t n);
+
+// The inverse of positions and values (TopK's decode): out[positions[j]] = values[j],
+// 0 elsewhere, for positions that `PositionsAscendWithin(positions, count, n)`.
+void ExpandPositions(const int32_t* positions, int64_t count, const float* values, int64_t n,
+                     float* out);
 
 }  // namespace magnitude_select
 }  // namespace tfgc

@@ -143,5 +143,53 @@ class BitmapExpandOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("Tfgc>BitmapExpand").Device(DEVICE_CPU), BitmapExpandOp);
 
+REGISTER_OP("Tfgc>PositionsExpand")
+    .Input("positions: int32")
+    .Input("values: float")
+    .Input("n: int64")
+    .Output("dense: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle positions, values, n;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &positions));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &values));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &n));
+      c->set_output(0, c->Vector(shape_inference::InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The inverse of magnitude_select's positions and values (TopK's decode): dense[positions[j]]
+is values[j], every other value 0. InvalidArgument, before anything is allocated, when
+there are not as many values as positions, n is negative, or the positions are not
+strictly ascending within [0, n).
+)doc");
+
+class PositionsExpandOp : public OpKernel {
+ public:
+  explicit PositionsExpandOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& positions = ctx->input(0);
+    const Tensor& values = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckVector(positions, "positions_expand"));
+    OP_REQUIRES_OK(ctx, CheckVector(values, "positions_expand"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(2), "positions_expand", "n"));
+    const int64_t n = ctx->input(2).scalar<int64_t>()();
+    const int64_t count = positions.NumElements();
+    OP_REQUIRES(ctx, values.NumElements() == count,
+                errors::InvalidArgument("positions_expand: ", count, " positions but ",
+                                        values.NumElements(), " values"));
+    OP_REQUIRES(ctx, n >= 0, errors::InvalidArgument("positions_expand: n is ", n));
+    const int32_t* at = positions.flat<int32>().data();
+    OP_REQUIRES(ctx, ms::PositionsAscendWithin(at, count, n),
+                errors::InvalidArgument("positions_expand: positions are not strictly "
+                                        "ascending within [0, ", n, ")"));
+    Tensor* dense = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &dense));
+    ms::ExpandPositions(at, count, values.flat<float>().data(), n, dense->flat<float>().data());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Tfgc>PositionsExpand").Device(DEVICE_CPU), PositionsExpandOp);
+
 }  // namespace tfgc_ops
 }  // namespace tensorflow

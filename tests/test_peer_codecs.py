@@ -1,0 +1,297 @@
+"""PowerSGD, RandomK and ScaledSign: each codec's own promise (the properties every
+codec shares are in test_codecs.py)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tfgc
+from tfgc.codecs.base import MalformedPayloadError, Topology
+from tfgc.codecs.powersgd import PowerSGDLayer, orthonormal
+
+C = tfgc.codecs
+
+
+def bound(codec, shape):
+    return codec.bind(tf.Variable(tf.zeros(shape), name="kernel"))
+
+
+# --- ScaledSign -------------------------------------------------------------------------
+
+
+def test_scaled_sign_sends_the_sign_at_the_mean_magnitude(rng):
+    x = rng.normal(size=[1001]).astype(np.float32)
+    x[:5] = 0.0
+    payload, sent = C.ScaledSign().encode_and_reconstruct(x)
+    scale = np.abs(x.astype(np.float64)).mean()
+    assert float(payload["scale"]) == pytest.approx(scale, rel=1e-6)
+    np.testing.assert_array_equal(sent.numpy(), np.where(x >= 0, 1, -1) * np.float32(payload["scale"]))
+    assert payload["data"].shape == [126]  # one bit a value
+
+
+# --- RandomK ----------------------------------------------------------------------------
+
+
+def test_random_k_positions_cover_every_stratum_once(rng):
+    x = rng.normal(size=[1000]).astype(np.float32)
+    codec = C.RandomK(0.03, seed=5)
+    seen = np.zeros(1000)
+    for _ in range(400):
+        payload, sent = codec.encode_and_reconstruct(x)
+        kept = np.flatnonzero(sent.numpy())
+        assert len(kept) == 30 == payload["values"].shape[0]
+        # One position in each stratum of width ceil(1000 / 30) = 34 (the last, 14 wide).
+        np.testing.assert_array_equal(kept // 34, np.arange(30))
+        np.testing.assert_array_equal(sent.numpy()[kept], x[kept])
+        seen += sent.numpy() != 0
+    # Each position is drawn with probability 1 / 34 (1 / 14 in the last stratum).
+    assert seen[:986].mean() == pytest.approx(400 / 34, rel=0.05)
+    assert seen[:986].min() > 0
+
+
+def test_random_k_decodes_from_the_payload_alone(rng):
+    x = rng.normal(size=[64, 9]).astype(np.float32)
+    payload, sent = C.RandomK(0.1).encode_and_reconstruct(x)
+    np.testing.assert_array_equal(C.RandomK(0.1, seed=99).decode(payload).numpy(), sent.numpy())
+    forged = dict(payload, values=payload["values"][:-1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="values does not match"):
+        C.RandomK(0.1).decode(forged)
+
+
+def test_random_k_replicas_share_positions_and_sum_values_alone():
+    topology = Topology(all_reduce_replicas=2)
+    first, second = (C.RandomK(0.1, seed=4).bind(tf.Variable(tf.zeros([50]), name="w"), topology)
+                     for _ in range(2))
+    assert first.summable and not C.RandomK(0.1).summable
+    a, b = tf.random.normal([50]), tf.random.normal([50])
+    for _ in range(3):  # the positions move with the step count, alike on both
+        payload_a, sent_a = first.encode_and_reconstruct(a)
+        payload_b, sent_b = second.encode_and_reconstruct(b)
+        summed = dict(payload_a, values=payload_a["values"] + payload_b["values"])
+        np.testing.assert_allclose(first.decode(summed).numpy(), (sent_a + sent_b).numpy())
+    other = C.RandomK(0.1, seed=4).bind(tf.Variable(tf.zeros([50]), name="v"), topology)
+    assert not np.array_equal(other.encode(a)["seed"].numpy(), first.encode(a)["seed"].numpy())
+
+
+# --- PowerSGD: binding ------------------------------------------------------------------
+
+
+def test_powersgd_binds_matrices_it_shrinks_and_sends_the_rest_as_they_are():
+    codec = C.PowerSGD(rank=2)
+    layer = bound(codec, [3, 3, 16, 32])
+    assert isinstance(layer, PowerSGDLayer) and (layer.rows, layer.columns) == (144, 32)
+    for shape in ([64], [4, 4], [3, 3, 1, 2]):  # a vector; rank 2 saves less than 2x
+        assert isinstance(bound(codec, shape), C.NoCompression), shape
+    assert isinstance(bound(C.PowerSGD(rank=1, min_compression_rate=1.0), [4, 4]), PowerSGDLayer)
+    with pytest.raises(RuntimeError, match="bind"):
+        codec.encode(tf.zeros([4, 4]))
+    with pytest.raises(ValueError, match="rank must be in"):
+        C.PowerSGD(rank=0)
+    assert C.PowerSGD.from_config(codec.get_config()).get_config() == codec.get_config()
+
+
+# --- PowerSGD: the codec face -----------------------------------------------------------
+
+
+def test_powersgd_payload_is_one_power_step_from_the_warm_start(rng):
+    layer = bound(C.PowerSGD(rank=2), [6, 5, 20])
+    m = rng.normal(size=[30, 20]).astype(np.float32)
+    q = layer.q.numpy()
+    payload, sent = layer.encode_and_reconstruct(m.reshape(6, 5, 20))
+    p, _ = np.linalg.qr(m @ q)
+    np.testing.assert_allclose(np.abs(payload["p"].numpy().reshape(30, 2)), np.abs(p), atol=1e-5)
+    new_q = m.T @ payload["p"].numpy().reshape(30, 2)
+    np.testing.assert_allclose(payload["q"].numpy().reshape(20, 2), new_q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.q.numpy(), new_q, rtol=1e-5, atol=1e-5)  # the warm start
+    np.testing.assert_array_equal(layer.decode(payload).numpy(), sent.numpy())
+    assert int(C.payload_nbytes(payload)) == 4 * 2 * (30 + 20)
+
+
+def test_powersgd_warm_start_converges_to_the_best_rank_r_approximation(rng):
+    layer = bound(C.PowerSGD(rank=2), [40, 30])
+    m = (rng.normal(size=[40, 5]) * [8, 4, 1, 0.5, 0.1]) @ rng.normal(size=[5, 30])
+    m = m.astype(np.float32)
+    singular = np.linalg.svd(m, compute_uv=False)
+    best = np.sqrt((singular[2:] ** 2).sum())
+    errors = [np.linalg.norm(m - layer.encode_and_reconstruct(m)[1].numpy()) for _ in range(12)]
+    assert errors[0] > 1.05 * best  # a random start is not the best subspace...
+    assert errors[-1] < 1.001 * best  # ...the power steps find it
+
+
+def test_powersgd_is_exact_on_matrices_of_rank_r(rng):
+    layer = bound(C.PowerSGD(rank=3), [50, 40])
+    m = (rng.normal(size=[50, 3]) @ rng.normal(size=[3, 40])).astype(np.float32)
+    np.testing.assert_allclose(layer.encode_and_reconstruct(m)[1].numpy(), m, atol=1e-4)
+    # Rank 1 inside rank 3: the extra columns of P carry nothing (no NaN, no garbage).
+    m = np.outer(rng.normal(size=50), rng.normal(size=40)).astype(np.float32)
+    np.testing.assert_allclose(layer.encode_and_reconstruct(m)[1].numpy(), m, atol=1e-4)
+
+
+def test_orthonormal_keeps_a_degenerate_column_orthogonal(rng):
+    u = rng.normal(size=[100, 1])
+    columns = tf.constant(np.hstack([u, 3 * u, rng.normal(size=[100, 1])]), tf.float32)
+    p = orthonormal(columns).numpy()
+    gram = p.T @ p
+    np.testing.assert_allclose(gram[[0, 2]][:, [0, 2]], np.eye(2), atol=1e-5)
+    assert abs(gram[0, 1]) < 1e-5 and abs(gram[2, 1]) < 1e-5  # the repeat: ~0 or orthogonal
+
+
+def test_powersgd_sends_dense_before_its_start_step(rng):
+    layer = bound(C.PowerSGD(rank=1, start_step=2), [20, 10])
+    m = rng.normal(size=[20, 10]).astype(np.float32)
+    q = layer.q.numpy()
+    for _ in range(2):
+        payload, sent = layer.encode_and_reconstruct(m)
+        assert payload["p"].shape == [0] and payload["q"].shape == [0]
+        np.testing.assert_array_equal(sent.numpy(), m)
+        np.testing.assert_array_equal(layer.decode(payload).numpy(), m)
+    np.testing.assert_array_equal(layer.q.numpy(), q)  # the warm start waits
+    payload, _ = layer.encode_and_reconstruct(m)
+    assert payload["p"].shape == [20] and payload["dense"].shape == [0]
+    assert int(layer.step.numpy()) == 3
+
+
+def test_powersgd_state_survives_a_failed_or_zero_step(rng):
+    layer = bound(C.PowerSGD(rank=2), [20, 10])
+    m = rng.normal(size=[20, 10]).astype(np.float32)
+    layer.encode(m)
+    q = layer.q.numpy()
+    bad = m.copy()
+    bad[3, 4] = np.nan
+    assert np.isnan(layer.decode(layer.encode(bad)).numpy()).all()
+    np.testing.assert_array_equal(layer.q.numpy(), q)  # the failed step's Q is not kept
+    layer.encode(np.zeros_like(m))  # Q = M^T P = 0 would keep every later P zero
+    assert (np.abs(layer.q.numpy()).sum(axis=0) > 0).all()
+    np.testing.assert_allclose(layer.encode_and_reconstruct(np.outer(m[:, 0], m[0]))[1].numpy(),
+                               np.outer(m[:, 0], m[0]), atol=1e-4)
+
+
+def test_powersgd_refuses_payloads_of_other_sizes(rng):
+    layer = bound(C.PowerSGD(rank=1), [20, 10])
+    payload = layer.encode(rng.normal(size=[20, 10]).astype(np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sizes of p, q and dense"):
+        layer.decode(dict(payload, q=payload["q"][:-1]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sizes of p, q and dense"):
+        layer.decode(dict(payload, dense=tf.zeros([200])))
+    with pytest.raises(MalformedPayloadError):
+        layer.decode({"p": payload["p"], "q": payload["q"]})
+    with pytest.raises(MalformedPayloadError, match="expected"):
+        layer.decode(payload, expected_shape=[10, 20])
+
+
+# --- PowerSGD in an optimizer -----------------------------------------------------------
+
+
+def _train(model, optimizer, x, y, steps):
+    for i in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(
+                y[i], model(x[i]), from_logits=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+
+
+def _model_and_optimizer(seed):
+    tf.keras.utils.set_random_seed(seed)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(32, activation="relu"),
+                                 tf_keras.layers.Dense(10)])
+    model.build([None, 24])
+    optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1, momentum=0.9),
+                                          compression=C.PowerSGD(rank=2), min_elements=100)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def test_powersgd_state_survives_checkpoint_and_resume_bit_for_bit(rng, tmp_path):
+    x = tf.constant(rng.normal(size=[8, 16, 24]).astype(np.float32))
+    y = tf.constant(rng.integers(0, 10, size=[8, 16]))
+    model, optimizer = _model_and_optimizer(0)
+    _train(model, optimizer, x[:4], y[:4], 4)
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    _train(model, optimizer, x[4:], y[4:], 4)
+    again, resumed = _model_and_optimizer(1)  # other initial weights and Q
+    tf.train.Checkpoint(model=again, optimizer=resumed).restore(path).assert_consumed()
+    layer = resumed.codec_for(again.layers[0].kernel)
+    assert isinstance(layer, PowerSGDLayer) and int(layer.step.numpy()) == 4
+    _train(again, resumed, x[4:], y[4:], 4)
+    for a, b in zip(model.weights + optimizer.variables, again.weights + resumed.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
+    np.testing.assert_array_equal(optimizer.codec_for(model.layers[0].kernel).q.numpy(),
+                                  layer.q.numpy())
+
+
+MIRRORED_SCRIPT = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras, tfgc
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+shapes = [(3, 10, 8), (12, 6)]  # matrices [30, 8] and [12, 6]
+with strategy.scope():
+    variables = [tf.Variable(tf.zeros(shape), name=f"kernel{i}") for i, shape in enumerate(shapes)]
+    sparse = tf.Variable(tf.zeros([400]), name="bias")
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0),
+                                    compression=tfgc.codecs.PowerSGD(rank=2), min_elements=10)
+    opt.build(variables)
+    opt_k = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0),
+                                      compression=tfgc.codecs.RandomK(0.05, seed=1),
+                                      min_elements=10)
+    opt_k.build([sparse])
+layers = [opt.codec_for(v) for v in variables]
+residuals = [opt.encoder.residual(v) for v in variables]
+
+@tf.function
+def step(gs, h):
+    def fn():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        opt.apply_gradients([(tf.gather(g, r), v) for g, v in zip(gs, variables)])
+        opt_k.apply_gradients([(tf.gather(h, r), sparse)])
+    strategy.run(fn)
+
+def replicas(v):
+    return [t.numpy() for t in strategy.experimental_local_results(v)]
+
+def matrix(x, layer):
+    return np.reshape(x, (-1, layer.rows, layer.columns))
+
+rng = np.random.default_rng(0)
+total_in = [np.zeros([l.rows, l.columns]) for l in layers]
+total_out = [np.zeros([l.rows, l.columns]) for l in layers]
+for t in range(6):
+    gs = [rng.normal(size=(2,) + shape).astype(np.float32) for shape in shapes]
+    h = rng.normal(size=(2, 400)).astype(np.float32)
+    qs = [replicas(layer.q) for layer in layers]
+    ms = [matrix(g, l) + matrix(np.stack(replicas(r)), l) for g, l, r in zip(gs, layers, residuals)]
+    befores, before_k = [v.numpy() for v in variables], sparse.numpy()
+    h_total = (h + np.stack(replicas(opt_k.encoder.residual(sparse)))).sum(0)
+    step([tf.constant(g) for g in gs], tf.constant(h))
+    for i, layer in enumerate(layers):
+        q, m = qs[i], ms[i]
+        assert np.array_equal(q[0], q[1])  # one warm start on every replica
+        update = matrix(befores[i] - variables[i].numpy(), layer)[0]
+        # One power step on the replicas' summed P, from the shared warm start.
+        p, _ = np.linalg.qr((m[0] + m[1]) @ q[0].astype(np.float64))
+        np.testing.assert_allclose(update, p @ p.T @ (m[0] + m[1]), atol=2e-4)
+        for r in range(2):  # each replica keeps what its own gradient lost
+            kept = matrix(replicas(residuals[i])[r], layer)[0]
+            np.testing.assert_allclose(kept, m[r] - p @ p.T @ m[r], atol=2e-4)
+        total_in[i] += matrix(gs[i], layer).sum(0)
+        total_out[i] += update
+    # RandomK: 20 shared positions a step, the values (and residuals) summed there.
+    moved = np.flatnonzero(before_k - sparse.numpy())
+    assert len(moved) == 20, moved
+    np.testing.assert_allclose((before_k - sparse.numpy())[moved], h_total[moved], atol=1e-5)
+for i, layer in enumerate(layers):
+    kept = matrix(np.sum(replicas(residuals[i]), 0), layer)[0]
+    np.testing.assert_allclose(total_out[i] + kept, total_in[i], atol=1e-3)
+# Bytes each replica put into the collectives: P and Q (4 * 2 * ((30 + 8) + (12 + 6))),
+# and the RandomK values alone (4 * 20; the seed and shape are not sent).
+assert int(opt.traffic["push_bytes"]) == 6 * 2 * 448, opt.traffic
+assert int(opt_k.traffic["push_bytes"]) == 6 * 2 * 80, opt_k.traffic
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_powersgd_and_random_k_sum_across_mirrored_replicas(run_python):
+    assert "ok" in run_python(MIRRORED_SCRIPT, timeout=300)
