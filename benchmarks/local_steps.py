@@ -46,6 +46,20 @@ def train_arguments(name):
     return CONFIGS.get(name, ["--compression", name])
 
 
+def configuration_names(text):
+    """The configurations of a --configs value: named ones and compression specs, split
+    at commas, except that a "key=value" item continues the spec before it
+    ("fp32,powersgd:rank=1,start_step=60" holds two)."""
+    names = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        continues_spec = names and ":" in names[-1] and "=" in item and ":" not in item
+        if continues_spec and item not in CONFIGS:
+            names[-1] += "," + item
+        else:
+            names.append(item)
+    return names
+
+
 def run(name, args, out_dir):
     """One models.train run; returns its summary."""
     run_dir = os.path.join(out_dir, "".join(c if c.isalnum() else "_" for c in name))
@@ -105,7 +119,7 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per run")
     parser.add_argument("--out", default=None, help="JSON of every run's summary")
     args = parser.parse_args(argv)
-    names = [name.strip() for name in args.configs.split(",") if name.strip()]
+    names = configuration_names(args.configs)
     for name in names:
         if name not in CONFIGS:
             try:

@@ -173,6 +173,12 @@ def test_powersgd_refuses_payloads_of_other_sizes(rng):
         layer.decode(dict(payload, q=payload["q"][:-1]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="sizes of p, q and dense"):
         layer.decode(dict(payload, dense=tf.zeros([200])))
+    # Sizes known only when it runs: checked by an assert op.
+    decode = tf.function(layer.decode, input_signature=[
+        {key: tf.TensorSpec([None], tf.float32) for key in payload}])
+    np.testing.assert_array_equal(decode(payload).numpy(), layer.decode(payload).numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sizes of p, q and dense"):
+        decode(dict(payload, q=payload["q"][:-1]))
     with pytest.raises(MalformedPayloadError):
         layer.decode({"p": payload["p"], "q": payload["q"]})
     with pytest.raises(MalformedPayloadError, match="expected"):

@@ -169,19 +169,35 @@ class PowerSGDLayer(tf.Module, base.Codec):
         fields = base.check_payload(payload, self.name, _FIELDS)
         p, q, flat = fields["p"], fields["q"], fields["dense"]
         rows, columns, rank = self.rows, self.columns, self.rank
-        sizes = tf.stack([tf.size(p), tf.size(q), tf.size(flat)])
-        low_rank = tf.reduce_all(tf.equal(sizes, [rows * rank, columns * rank, 0]))
-        full = tf.reduce_all(tf.equal(sizes, [0, 0, rows * columns]))
-        check = tf.debugging.Assert(
-            tf.logical_or(low_rank, full),
-            [f"{self.name} payload: sizes of p, q and dense are", sizes, "expected "
-             f"{[rows * rank, columns * rank, 0]} or {[0, 0, rows * columns]}"])
-        with tf.control_dependencies([check]):
-            decoded = tf.cond(
-                low_rank,
-                lambda: tf.matmul(tf.reshape(p, [rows, rank]), tf.reshape(q, [columns, rank]),
-                                  transpose_b=True),
-                lambda: tf.reshape(flat, [rows, columns]))
+        low_rank_sizes, full_sizes = [rows * rank, columns * rank, 0], [0, 0, rows * columns]
+
+        static = [t.shape.num_elements() for t in (p, q, flat)]
+        if None not in static:  # a fused message's fields have their sizes in the graph
+            if static not in (low_rank_sizes, full_sizes):
+                raise base.MalformedPayloadError(
+                    f"{self.name} payload: sizes of p, q and dense are {static}, expected "
+                    f"{low_rank_sizes} or {full_sizes}")
+        else:
+            sizes = tf.stack([tf.size(p), tf.size(q), tf.size(flat)])
+            check = tf.debugging.Assert(
+                tf.logical_or(tf.reduce_all(tf.equal(sizes, low_rank_sizes)),
+                              tf.reduce_all(tf.equal(sizes, full_sizes))),
+                [f"{self.name} payload: sizes of p, q and dense are", sizes,
+                 f"expected {low_rank_sizes} or {full_sizes}"])
+            with tf.control_dependencies([check]):
+                # Both forms at once, the absent one zeros: a tf.cond whose branch
+                # reshaped a vector of unknown length to a static shape would let
+                # Grappler take that length as given, for the check above too.
+                p, q, flat = (_zero_padded(t, size)
+                              for t, size in zip((p, q, flat), (rows * rank, columns * rank,
+                                                                rows * columns)))
+                static = [rows * rank, columns * rank, rows * columns]
+        decoded = 0.0
+        if static[0]:
+            decoded += tf.matmul(tf.reshape(p, [rows, rank]), tf.reshape(q, [columns, rank]),
+                                 transpose_b=True)
+        if static[2]:
+            decoded += tf.reshape(flat, [rows, columns])
         return tf.reshape(decoded, self.shape)
 
     # --- the all-reduce face (Mirrored, MultiWorkerMirroredStrategy) ----------------------
@@ -336,6 +352,11 @@ def orthonormal(matrix: tf.Tensor) -> tf.Tensor:
                 column -= tf.reduce_sum(done * column) * done
         columns.append(column / (tf.norm(column) + EPSILON))
     return tf.stack(columns, axis=1)
+
+
+def _zero_padded(vector, size):
+    """`vector` (at most `size` long, checked) with zeros after it up to `size`."""
+    return tf.concat([vector, tf.zeros([size])], 0)[:size]
 
 
 def _flat(matrix, started):
