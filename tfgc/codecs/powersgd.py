@@ -24,7 +24,6 @@ or one that rank r would not shrink by `min_compression_rate`.
 import zlib
 from typing import Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tfgc.codecs import base, identity
