@@ -26,6 +26,8 @@ memory speed") is >= 1 GB/s per thread and >= 0.2x the probe, both ways.
 
 GradiVeQ is not in the table: it is stateful (PCA bases learnt from the layer's own
 gradients, per slice) and its cost is measured in benchmarks/gradiveq_study.py.
+PowerSGD, also bound to one variable, is measured on the input seen as a matrix of 4096
+columns (its warm start moves with every encode, as in training).
 """
 import argparse
 import json
@@ -62,7 +64,35 @@ def codecs_to_measure():
         ("TopK(0.01)", C.TopK(0.01)),
         ("FastSGD", C.FastSGD()),
         ("FastSGD (1% non-zero)", C.FastSGD()),
+        ("RandomK(0.01)", C.RandomK(0.01, seed=1)),
+        ("ScaledSign", C.ScaledSign()),
+        ("PowerSGD(1)", AsMatrix(C.PowerSGD(rank=1))),
+        ("PowerSGD(4)", AsMatrix(C.PowerSGD(rank=4))),
     ]
+
+
+class AsMatrix:
+    """A PowerSGD codec bound to a matrix of 4096 columns, fed the benchmark's vector
+    (bound at the first encode, when the vector's length is known)."""
+
+    COLUMNS = 4096
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.layer = None
+
+    def encode(self, x):
+        import tensorflow as tf
+
+        shape = [x.shape[0] // self.COLUMNS, self.COLUMNS]
+        if self.layer is None:
+            self.layer = self.codec.bind(tf.Variable(tf.zeros(shape), name="matrix"))
+        if x.shape[0] != shape[0] * shape[1]:
+            x = x[: shape[0] * shape[1]]
+        return self.layer.encode(tf.reshape(x, shape))
+
+    def decode(self, payload):
+        return self.layer.decode(payload)
 
 
 def parse_args():

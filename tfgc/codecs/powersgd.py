@@ -120,12 +120,9 @@ class PowerSGDLayer(tf.Module, base.Codec):
         self.shape = [int(d) for d in tf.TensorShape(shape)]
         self.rows, self.columns = settings.matrix_shape(shape)
         self.rank = settings.rank
-        # Q's first value, and the value of a column that became zero (a zero gradient
-        # would otherwise keep P = M Q zero for good): the same on every replica.
-        self._initial_q = tf.random.stateless_normal(
-            [self.columns, self.rank], seed=[settings.seed, salt % 2**31])
+        self._salt = salt % 2**31
         with self.name_scope:
-            self.q = base.sender_state(self._initial_q, "q", topology)
+            self.q = base.sender_state(self._first_q, "q", topology)
             self.step = base.sender_state(tf.constant(0, tf.int64), "step", topology)
 
     def get_config(self):
@@ -279,6 +276,13 @@ class PowerSGDLayer(tf.Module, base.Codec):
             return compressed()
         return tf.cond(started, compressed, dense)
 
+    def _first_q(self):
+        """Q's first value, and the value of a column that became zero (a zero gradient
+        would otherwise keep P = M Q zero for good): the same on every replica, made
+        where it is needed (a stateless draw, not a tensor kept from elsewhere)."""
+        return tf.random.stateless_normal([self.columns, self.rank],
+                                          seed=[self.settings.seed, self._salt])
+
     def _advance(self, new_q, started):
         """Keeps `new_q` as the next warm start (unless it is not finite: a failed step
         keeps the old one), a zero column replaced by its first value; counts a step."""
@@ -286,7 +290,7 @@ class PowerSGDLayer(tf.Module, base.Codec):
         if started is not None:
             finite = tf.logical_and(finite, started)
         alive = tf.reduce_any(tf.not_equal(new_q, 0.0), axis=0, keepdims=True)
-        kept = tf.where(finite, tf.where(alive, new_q, self._initial_q), self.q.read_value())
+        kept = tf.where(finite, tf.where(alive, new_q, self._first_q()), self.q.read_value())
         return [self.q.assign(kept), self.step.assign_add(1)]
 
     def _checked(self, x):
