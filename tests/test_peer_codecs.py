@@ -90,6 +90,13 @@ def test_powersgd_binds_matrices_it_shrinks_and_sends_the_rest_as_they_are():
     assert C.PowerSGD.from_config(codec.get_config()).get_config() == codec.get_config()
 
 
+def test_powersgd_is_not_a_pull_codec_yet():
+    from tfgc.pulls import default_pull_codecs
+
+    with pytest.raises(NotImplementedError, match="for pulls is the parameter server"):
+        default_pull_codecs(C.PowerSGD()).codec_for(tf.Variable(tf.zeros([64, 64])))
+
+
 # --- PowerSGD: the codec face -----------------------------------------------------------
 
 

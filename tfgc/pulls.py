@@ -70,7 +70,13 @@ class PullCodecs(NamedTuple):
     def codec_for(self, master):
         """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
         if compresses(master, self.min_elements):
-            return base.bind_to(self.compression, master, topology())
+            codec = base.bind_to(self.compression, master, topology())
+            if codec.keeps_sender_state:
+                raise NotImplementedError(
+                    f"{self.compression!r} keeps state on the sending side, which for "
+                    "pulls is the parameter server; tfgc does not pull with it yet: use it "
+                    "for pushes and another codec (e.g. ThreeLC) for pulls")
+            return codec
         return below_min_codec(self.small_compression)
 
     def key(self):
