@@ -211,6 +211,30 @@ def local_steps_headlines():
     return heads
 
 
+POWERSGD = "benchmarks/data/peer_codecs/powersgd_mwms_loopback{}.json"
+POWERSGD_SEEDS = ("", "_seed1", "_seed2")
+POWERSGD_SOCKET_TARGET = 20.0
+
+
+def powersgd_headline():
+    """PowerSGD under MWMS (raw): socket bytes against fp32 (seed 0) and test accuracy
+    against fp32 (mean of 3 seeds) for each rank."""
+    seeds = [{r["config"]: r for r in read_json(POWERSGD.format(key))} for key in POWERSGD_SEEDS]
+    sent = {k: r["socket_worker0_sent_bytes_per_step"] for k, r in seeds[0].items()}
+    parts, ratios = [], []
+    for rank in (1, 2, 4):
+        name = f"powersgd:rank={rank}"
+        points = [100 * (runs[name]["test_accuracy"] - runs["fp32"]["test_accuracy"])
+                  for runs in seeds]
+        ratios.append(sent["fp32"] / sent[name])
+        parts.append(f"rank {rank}: {_x(ratios[-1])} fewer bytes, {_points(np.mean(points))} "
+                     f"points")
+    return Headline(
+        "powersgd-mwms", "; ".join(parts) + f" (mean of {len(seeds)} seeds); target "
+        f"{POWERSGD_SOCKET_TARGET:g}x {_verdict(min(ratios), POWERSGD_SOCKET_TARGET)}",
+        [POWERSGD.format(key) for key in POWERSGD_SEEDS], True)
+
+
 # --- accuracy of longer runs (recorded) ------------------------------------------------
 
 LONG = "benchmarks/recorded/long_runs.csv"
@@ -418,6 +442,47 @@ def bench_codecs_headline():
                     f"(probe {data['probe_gbps']:.2f} GB/s)", [BENCH_CODECS], True)
 
 
+CODEC_SPEED = "benchmarks/data/codec_speed/run{}.json"
+CODEC_SPEED_RUNS = 5
+
+
+def _codec_speed_runs():
+    """The five consecutive bench_codecs runs, in order."""
+    return [read_json(CODEC_SPEED.format(i)) for i in range(1, CODEC_SPEED_RUNS + 1)]
+
+
+def codec_speed_headline():
+    """Codecs that met the speed target in every one of five consecutive runs (raw)."""
+    runs = _codec_speed_runs()
+    names = [r["codec"] for r in runs[0]["rows"]]
+    met = {name: sum(row["target_met"] == "yes" for run in runs for row in run["rows"]
+                     if row["codec"] == name) for name in names}
+    short = [f"{name} {count} of {len(runs)}" for name, count in met.items() if count < len(runs)]
+    return Headline(
+        "codec-speed-runs", f"{sum(c == len(runs) for c in met.values())} of {len(names)} "
+        f"codecs met the target in {len(runs)} of {len(runs)} runs"
+        + (f"; missed: {', '.join(short)}" if short else ""),
+        [CODEC_SPEED.format(i) for i in range(1, CODEC_SPEED_RUNS + 1)], True)
+
+
+def codec_speed_table():
+    """Markdown: each codec's lowest encode and decode ratio to the probe over the five
+    runs, and in how many it met the target."""
+    runs = _codec_speed_runs()
+    lines = ["| codec | lowest enc/probe | lowest dec/probe | lowest enc GB/s | lowest dec GB/s "
+             "| runs meeting the target |", "|---|---|---|---|---|---|"]
+    for i, first in enumerate(runs[0]["rows"]):
+        rows = [run["rows"][i] for run in runs]
+        low = {key: min(r[key] for r in rows) for key in
+               ("encode_over_probe", "decode_over_probe", "encode_gbps", "decode_gbps")}
+        met = sum(r["target_met"] == "yes" for r in rows)
+        lines.append(f"| {first['codec']} | {low['encode_over_probe']:.2f} | "
+                     f"{low['decode_over_probe']:.2f} | {low['encode_gbps']:.2f} | "
+                     f"{low['decode_gbps']:.2f} | {met} of {len(runs)} |")
+    probes = ", ".join(f"{run['probe_gbps']:.2f}" for run in runs)
+    return "\n".join(lines) + f"\n\nProbe, runs 1-{len(runs)}: {probes} GB/s."
+
+
 # --- raw outputs of the studies -----------------------------------------------------------
 
 PULL_LAG = "benchmarks/pull_lag.json"
@@ -513,14 +578,20 @@ def fuzz_headline():
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + [demo_links_headline()] + local_steps_headlines()
+            + [powersgd_headline()]
             + accuracy_headlines() + wire_headlines() + entropy_headlines()
-            + [codec_demo_headline(), bench_codecs_headline(), pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
+            + [codec_demo_headline(), bench_codecs_headline(), codec_speed_headline(),
+               pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
             + gradiveq_headlines() + [fuzz_headline()])
 
 
 def main(argv=None):
-    if "--wire-table" in (sys.argv[1:] if argv is None else argv):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--wire-table" in argv:
         print(wire_table() + "\n\n" + payload_table())
+        return 0
+    if "--codec-speed-table" in argv:
+        print(codec_speed_table())
         return 0
     for head in compute():
         kind = "raw output" if head.raw else "recorded table, raw output not kept"

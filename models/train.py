@@ -86,12 +86,11 @@ def make_optimizer(args, workload, replicas, codec, pull_codec=None):
     """The workload's optimizer (its learning rate scaled by `replicas`), wrapped in a
     tfgc.DistributedOptimizer."""
     import tfgc
-    from tfgc.codecs.base import StochasticCodec
 
     inner = workload.inner_optimizer(args.lr * replicas, args.steps)
-    # Unbiased codecs gain nothing from error feedback; the identity has no error.
-    feedback = (args.error_feedback and workload.error_feedback
-                and not isinstance(codec, StochasticCodec))
+    # Unbiased codecs gain nothing from error feedback (RandomK draws at random but is
+    # biased: it needs it); the identity has no error.
+    feedback = args.error_feedback and workload.error_feedback and not codec.unbiased
     uncompressed = isinstance(codec, tfgc.codecs.NoCompression)
     if uncompressed:
         feedback = False

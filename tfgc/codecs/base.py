@@ -116,10 +116,11 @@ class AllReducing(Protocol):
     depend on its phase; PowerSGD, whose second collective depends on the first's sum):
     under all-reduce strategies its `all_reduce` replaces the wire's generic one.
 
-    One that `supports_error_feedback` also has
-    `all_reduce_and_reconstruct(gradient, replica_context)` -> (the sum, this replica's
-    own share of it, bytes sent): the wire calls it with the residual added, and the
-    residual keeps `gradient - own share`.
+    One that `supports_error_feedback` also has a class-level
+    `all_reduce_group(codecs, gradients, replica_context)` -> ([sums], [this replica's
+    own share of each], [bytes sent for each]), for several variables bound to codecs of
+    its class at once: the wire calls it with the residuals added, and each residual
+    keeps `gradient - own share`.
     """
 
     def all_reduce(self, gradient: tf.Tensor,

@@ -98,9 +98,10 @@ class PowerSGD(base.Codec):
 class PowerSGDLayer(tf.Module, base.Codec):
     """PowerSGD's compressor for one variable (made by `PowerSGD.bind`).
 
-    Under Mirrored/MultiWorkerMirroredStrategy the wire calls
-    `all_reduce_and_reconstruct` (the codec owns the aggregation, error feedback around
-    it). Elsewhere it is a codec: `encode` on the sender, `decode` on the receiver.
+    Under Mirrored/MultiWorkerMirroredStrategy the wire calls `all_reduce_group` for
+    all PowerSGD variables of a step (the codec owns the aggregation, error feedback
+    around it). Elsewhere it is a codec: `encode` on the sender, `decode` on the
+    receiver.
 
     Payload: {"p": [rows * r], "q": [columns * r], "dense": [0]} float32, or before
     `start_step` {"p": [0], "q": [0], "dense": the gradient, flat}.
@@ -200,17 +201,10 @@ class PowerSGDLayer(tf.Module, base.Codec):
 
     def all_reduce(self, gradient: tf.Tensor, replica_context: tf.distribute.ReplicaContext
                    ) -> tuple[tf.Tensor, tf.Tensor]:
-        """(the replicas' summed gradient, approximated; bytes this replica sent)."""
-        total, _, nbytes = self.all_reduce_and_reconstruct(gradient, replica_context)
+        """`all_reduce_group` of this layer alone, without error feedback: (the
+        replicas' summed gradient, approximated; bytes this replica sent)."""
+        (total,), _, (nbytes,) = all_reduce_group([self], [gradient], replica_context)
         return total, nbytes
-
-    def all_reduce_and_reconstruct(self, gradient: tf.Tensor,
-                                   replica_context: tf.distribute.ReplicaContext
-                                   ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """`all_reduce_group` of this layer alone: (P Q_sum^T, this replica's own share
-        P P^T M, bytes this replica sent)."""
-        (total,), (own,), (nbytes,) = all_reduce_group([self], [gradient], replica_context)
-        return total, own, nbytes
 
     @staticmethod
     def all_reduce_group(layers, gradients, replica_context):

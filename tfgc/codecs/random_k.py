@@ -5,6 +5,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+import tfgc_ops
 from tfgc.codecs import base
 
 
@@ -63,8 +64,7 @@ class RandomK(base.StochasticCodec):
         values = tf.gather(flat, positions)
         values = tf.where(base.all_finite(flat), values, tf.constant(float("nan"), x.dtype))
         payload = {"values": values, "seed": seed, "shape": base.shape_of(x)}
-        sent = tf.scatter_nd(positions[:, None], values, tf.shape(flat, out_type=tf.int64))
-        sent = tf.where(base.all_finite(flat), sent, tf.constant(float("nan"), x.dtype))
+        sent = _expand(positions, values, tf.size(flat, out_type=tf.int64))
         return payload, tf.reshape(sent, tf.shape(x))
 
     def decode(self, payload: base.Payload,
@@ -73,10 +73,7 @@ class RandomK(base.StochasticCodec):
         n = tf.cast(n, tf.int64)
         positions = _positions(n, self.fraction, fields["seed"])
         values = base.check_size(fields["values"], tf.size(positions), self.name, key="values")
-        dense = tf.scatter_nd(positions[:, None], values, tf.reshape(n, [1]))
-        # A NaN among the values (a failed step) spreads to the whole decoding.
-        dense = tf.where(base.all_finite(values), dense, tf.constant(float("nan"), values.dtype))
-        return tf.reshape(dense, dims)
+        return tf.reshape(_expand(positions, values, n), dims)
 
 
 class SharedRandomK(RandomK):
@@ -98,6 +95,23 @@ class SharedRandomK(RandomK):
         with tf.control_dependencies([self.step.assign_add(1)]):
             first = tf.constant((self.seed or 0) * 2**32 + self.salt, tf.int64)
             return tf.stack([first, tf.identity(step)])
+
+
+def _expand(positions, values, n):
+    """`values` at `positions` (ascending, within n) and zeros elsewhere, as a vector of
+    n; NaN everywhere when a value is not finite (a failed step)."""
+    def expanded():
+        if values.dtype in (tf.float32, tf.float16, tf.bfloat16):
+            # One pass in C++: tf.scatter_nd ran at 0.2x a one-pass XLA op at 1%.
+            dense = tfgc_ops.positions_expand(tf.cast(positions, tf.int32),
+                                              tf.cast(values, tf.float32), n)
+            return tf.cast(dense, values.dtype)
+        return tf.scatter_nd(positions[:, None], values, tf.reshape(n, [1]))
+
+    def failed():
+        return tf.fill(tf.reshape(n, [1]), tf.constant(float("nan"), values.dtype))
+
+    return tf.cond(base.all_finite(values), expanded, failed)
 
 
 def _positions(n, fraction, seed):

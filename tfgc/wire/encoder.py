@@ -163,19 +163,18 @@ class Encoder:
 
     def all_reduce(self, gradient, variable, replica_context):
         """Sums `gradient` across replicas with `variable`'s codec, one that aggregates
-        itself (`tfgc.codecs.base.AllReducing`), with error feedback where kept.
+        itself (`tfgc.codecs.base.AllReducing`) and keeps no residual.
 
         Returns:
           (the decoded sum, the bytes this replica sent).
         """
         codec = self.codec(variable)
-        gradient = tf.convert_to_tensor(gradient)
-        residual = self.residual(variable)
-        if residual is None:
-            return codec.all_reduce(gradient, replica_context)
-        (total, nbytes), _ = self.feedback.step(_ReplicaSum(codec, replica_context),
-                                                gradient, residual)
-        return total, nbytes
+        if self.residual(variable) is not None:
+            raise NotImplementedError(
+                f"{codec.name} aggregates across replicas itself and keeps a residual: it "
+                "needs a class-level all_reduce_group, which applies error feedback "
+                "(see tfgc.codecs.base.AllReducing)")
+        return codec.all_reduce(tf.convert_to_tensor(gradient), replica_context)
 
     def reduce_group_key(self, variable):
         """Variables with one key are summed together by their codecs' class-level
@@ -230,23 +229,11 @@ class Encoder:
         return self.feedback.flat_step(codec, gradients, residuals)[0]
 
 
-class _ReplicaSum:
-    """An `AllReducing` codec seen by an error-feedback rule: its "payload" is the
-    replicas' sum and its reconstruction this replica's own share of it, so the
-    residual keeps what this replica's gradient lost."""
-
-    def __init__(self, codec, replica_context):
-        self._codec = codec
-        self._context = replica_context
-
-    def encode_and_reconstruct(self, x):
-        total, own, nbytes = self._codec.all_reduce_and_reconstruct(x, self._context)
-        return (total, nbytes), own
-
-
 class _ReplicaSumGroup:
-    """`_ReplicaSum` for the codecs of several variables summed by one
-    `all_reduce_group`, seen as a batched codec (tensors laid end to end)."""
+    """The codecs of several variables summed by one `all_reduce_group`, seen by an
+    error-feedback rule as one batched codec (tensors laid end to end): its "payload" is
+    the replicas' sums and its reconstruction this replica's own share of them, so each
+    residual keeps what this replica's gradient lost."""
 
     def __init__(self, group, codecs, replica_context):
         self._group = group
