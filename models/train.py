@@ -162,6 +162,10 @@ def train(args):
     tf_keras.utils.set_random_seed(args.seed)
     workload = workloads.for_model(args.model)(args)
     _log(workload.describe())
+    if args.strategy == "mwms":
+        # Before any codec: one with a random generator (QSGD, RandomK, GradiVeQ's
+        # sampler) starts TensorFlow's context, after which collectives cannot be set up.
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
     codec = parse_compression(args.compression)
     steps_per_epoch = min(args.log_every, args.steps)
     epochs = max(1, -(-args.steps // steps_per_epoch))
@@ -199,7 +203,6 @@ def train(args):
         ).start()
         strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
     elif args.strategy == "mwms":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
         tf_config = json.loads(os.environ["TF_CONFIG"])
         is_chief = tf_config["task"]["index"] == 0
         summary["workers"] = len(tf_config["cluster"]["worker"])
@@ -489,9 +492,12 @@ def main(argv=None):
         parser.error("--max-restarts must be >= 0")
     if args.backup_every_s < 0:
         parser.error("--backup-every-s must be >= 0")
+    # A process that makes a MultiWorkerMirroredStrategy must not build a codec first
+    # (see train); its launcher checked the specs.
+    makes_mwms = args.strategy == "mwms" and (args._worker or args.tf_config)
     try:
-        codec = parse_compression(args.compression)
-        if args.pull_compression != "none":
+        codec = None if makes_mwms else parse_compression(args.compression)
+        if args.pull_compression != "none" and not makes_mwms:
             parse_compression(args.pull_compression)
     except ValueError as error:
         parser.error(str(error))
@@ -502,7 +508,8 @@ def main(argv=None):
             parse_agent_arguments(args.mqgrad)
         except ValueError as error:
             parser.error(str(error))
-        if type(codec) is not Quantize:  # not AdaptiveQuantize, which picks its own bits
+        # Not AdaptiveQuantize, which picks its own bits (checked by the launcher).
+        if codec is not None and type(codec) is not Quantize:
             parser.error("--mqgrad picks the bits of a Quantize codec: use --compression "
                          f"quantize, not {args.compression!r}")
     if args.local_steps < 1:
