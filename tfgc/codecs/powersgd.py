@@ -135,26 +135,13 @@ class PowerSGDLayer(tf.Module, base.Codec):
         return self.encode_and_reconstruct(x)[0]
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
-        x = self._checked(x)
-        matrix = tf.reshape(tf.cast(x, tf.float32), [self.rows, self.columns])
-        q, started = self._read_state()
-        empty = tf.zeros([0])
-
-        def compressed():
-            p = orthonormal(tf.matmul(matrix, q))
-            new_q = tf.matmul(matrix, p, transpose_a=True)
-            return p, new_q, empty
-
-        def dense():
-            return tf.zeros([self.rows, self.rank]), q, tf.reshape(matrix, [-1])
-
-        p, new_q, flat = self._when_started(started, compressed, dense)
-        payload = {"p": _flat(p, started), "q": _flat(new_q, started), "dense": flat}
-        sent = self._when_started(started, lambda: tf.matmul(p, new_q, transpose_b=True),
-                                  lambda: matrix)
-        with tf.control_dependencies(self._advance(new_q, started)):
-            sent = tf.identity(sent)
-        return payload, tf.cast(tf.reshape(sent, self.shape), x.dtype)
+        # The all-reduce's power step, with this sender's own tensors as the sums.
+        first, kept = self._first(x)
+        second, computed = self._second(first, kept)
+        sent, _ = self._finish(first, second, kept, computed, x.dtype)
+        (p, q), started = computed, kept[2]
+        dense = self._when_started(started, lambda: tf.zeros([0]), lambda: first)
+        return {"p": _flat(p, started), "q": _flat(q, started), "dense": dense}, sent
 
     def decode(self, payload: base.Payload,
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
@@ -213,8 +200,8 @@ class PowerSGDLayer(tf.Module, base.Codec):
         return all_reduce_group(layers, gradients, replica_context)
 
     def _first(self, gradient):
-        """What this layer puts into the first all-reduce, and what it keeps for the
-        second: (flat tensor, (M, Q, started))."""
+        """What this layer puts into the first all-reduce (P = M Q, or M before
+        `start_step`), and what it keeps for the second: (flat tensor, (M, Q, started))."""
         gradient = self._checked(gradient)
         matrix = tf.reshape(tf.cast(gradient, tf.float32), [self.rows, self.columns])
         q, started = self._read_state()
