@@ -85,8 +85,11 @@ class SharedRandomK(RandomK):
 
     def __init__(self, fraction: float, seed: Optional[int], salt: int,
                  topology: base.Topology) -> None:
-        super().__init__(fraction, seed)
-        self.salt = int(salt)
+        # Not RandomK's constructor: its random generator would be state (checkpointed,
+        # one per variable) that a shared seed never reads. `fraction` was checked by
+        # the RandomK that binds this.
+        tf.Module.__init__(self, name="random_k")
+        self.fraction, self.seed, self.salt = fraction, seed, int(salt)
         with self.name_scope:
             self.step = base.replica_state(tf.constant(0, tf.int64), "step", topology)
 
