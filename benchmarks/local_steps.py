@@ -10,11 +10,11 @@ ring all-reduce), the same model, data, seed and number of steps: fp32 and Three
 synchronous steps, then ThreeLC on the pseudo-gradients of local steps (H steps between
 meetings, plain averaging and DiLoCo's Nesterov outer step), on loopback or on emulated
 links (`--bandwidth`). A configuration named by a compression spec instead (e.g.
-`powersgd:rank=1`) is that codec's synchronous steps. Per run: test accuracy after the same number of samples, the
-bytes worker 0 sent to the other worker per step (its socket counters, `ss`), and the
-step time (after the first Keras epoch). Prints a table with the ratios against
-fp32 and against ThreeLC's synchronous steps, from this run, and writes every run's
-summary as JSON (`--out`).
+`powersgd:rank=1`) is that codec's synchronous steps. Per run: test accuracy after the
+same number of samples, the bytes worker 0 sent to the other worker per step (its socket
+counters, `ss`), and the step time (after the first Keras epoch). Prints a table with
+the ratios against fp32 and against ThreeLC's synchronous steps, from this run, and
+writes every run's summary as JSON (`--out`).
 """
 import argparse
 import json
