@@ -68,7 +68,7 @@ def numbers(line):
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_parameter_server_custom_loop():
-    short = ["--num-epochs", "2", "--steps-per-epoch", "5", "--num-workers", "2"]
+    short = ["--num-epochs", "5", "--steps-per-epoch", "5", "--num-workers", "2"]
     script = os.path.join(EXAMPLES, "parameter_server_custom_loop.py")
     compressed = run([script, *short])
     epochs = [line for line in compressed.splitlines() if line.startswith("Finished epoch")]
@@ -76,19 +76,22 @@ def test_parameter_server_custom_loop():
     # moves each of the 16,384 embedding and kernel coordinates by up to 0.3 a step, so
     # the logit swings by hundreds, and a few confidently wrong examples (Keras takes
     # the loss from the logit, unbounded) put an epoch's mean loss in the tens or
-    # hundreds, with fp32 as with ThreeLC. In seven runs with ThreeLC and six with fp32,
-    # the epochs' mean losses were 0.06-36 and 0.16-200, the second epoch's accuracy
-    # 0.89-1.0 and 0.79-1.0. A model that learned nothing scores the majority label's
-    # 4/7 = 0.571 (the label is "avenger" among 3 of 7 features), with a standard
-    # deviation of 0.04 over the epoch's 160 examples: 0.75 is 4.5 of them above.
+    # hundreds, with fp32 as with ThreeLC. The accuracy swings too until every example
+    # is fit with a margin, after which the gradients vanish and it stays at 1.0; when
+    # that happens varies from run to run: in five runs with ThreeLC and five with fp32
+    # (6 epochs of 5 steps, 2 workers), epochs 2, 3 and 4 scored 0.75-1.0, 0.98-1.0 and
+    # 1.0 (the second epoch, which this test judged once, 0.53-1.0). A model that
+    # learned nothing scores the majority label's 4/7 = 0.571 (the label is "avenger"
+    # among 3 of 7 features), with a standard deviation of 0.04 over the epoch's 160
+    # examples.
     accuracies = [numbers(line)[1] for line in epochs]
-    assert len(epochs) == 2 and accuracies[-1] > 0.75, epochs
+    assert len(epochs) == 5 and accuracies[-1] > 0.9, epochs
     summary = next(line for line in compressed.splitlines() if line.startswith("steps "))
     steps, on_sockets, pushed, dense_push = numbers(summary)
-    assert steps == 11
+    assert steps == 26
     # The fused messages cross the sockets with TensorFlow's own requests on top, and
     # the sockets carry far less than the dense gradients, which the tutorial's
-    # uncompressed steps push at least (its --fp32 run: 5.9 MB against 0.41-0.44 MB).
+    # uncompressed steps push at least (26 steps: 15.3 MB counted, 0.94 MB on the sockets).
     assert 0 < pushed < dense_push / 10 and pushed <= on_sockets < dense_push / 5, summary
     # Beyond the cluster (4 lines): import tfgc, the optimizer (2), its byte counts.
     assert len(marked_code_lines("parameter_server_custom_loop.py")) <= 8
