@@ -12,7 +12,8 @@ Strategies:
   coordinator and runs tf_keras ``fit`` under ParameterServerStrategy. Workers push
   encoded gradients; bytes per direction are read from the kernel's per-socket
   counters. ``--steps`` counts worker steps (each one batch of ``--batch-size`` from one
-  worker, applied asynchronously).
+  worker, applied asynchronously). The workers read the training images from a file
+  written in ``--out`` (removed after training), not from this process over the link.
 * ``mwms``: MultiWorkerMirroredStrategy with ``--workers`` processes on 127.0.0.1 (one
   TF_CONFIG each); ``--steps`` counts synchronous steps of a global batch of
   ``--batch-size`` x ``--workers``.
@@ -23,7 +24,9 @@ loaded tfgc's ops::
 
     python -m tfgc.server      # or the console script tfgc-server
 
-and the chief task runs ``python -m models.train --strategy ps --tf-config ...``. For
+and the chief task runs ``python -m models.train --strategy ps --tf-config ...``, which
+sends the training set to every worker before the first step (tf.data's copy of the
+arrays: minutes on a slow link). For
 ``mwms`` every worker task runs ``python -m models.train --strategy mwms --tf-config ...``
 (worker 0 writes the outputs). On a GPU machine ``--strategy local`` trains on the GPU
 as it is. 3LC's full CIFAR-10 run is ResNet-110 with batch 32
@@ -290,7 +293,14 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     summary["parameters"] = int(model.count_params())
     summary["lr_scaled"] = args.lr * lr_scale
     summary["error_feedback"] = bool(optimizer.error_feedback)
-    train_ds = workload.train_dataset(args.batch_size * replicas)
+    # The local cluster's workers read the training set from a file in `out` rather than
+    # receive it from this process over the (possibly emulated, slow) link.
+    records_path = None
+    if cluster is not None and isinstance(workload, workloads.ImageWorkload):
+        records_path = os.path.join(out, "train.records")
+        train_ds = workload.train_dataset(args.batch_size * replicas, records_path)
+    else:
+        train_ds = workload.train_dataset(args.batch_size * replicas)
     options = tf.data.Options()
     if args.strategy == "mwms":
         options.experimental_distribute.auto_shard_policy = (
@@ -342,6 +352,9 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         if dead is None:
             raise
         raise supervise.TaskLost(f"{dead} ({type(error).__name__})") from error
+    finally:
+        if records_path is not None:
+            os.remove(records_path)  # the workers' open readers keep what they use
     returned = time.monotonic()
     # Up to the end of the last epoch. What follows inside `fit` is TensorFlow freeing the
     # per-worker input pipelines; under PSS removing their remote functions has taken
@@ -385,6 +398,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
             summary[f"socket_{key}_bytes_per_step"] = (
                 (after[key] - before[key]) / (after["step"] - before["step"]))
         summary["socket_bytes"] = recorder.socket_rows
+        # Everything this process sent the workers (functions, closures, any input data).
+        summary["socket_chief_to_worker_bytes"] = cluster.traffic_between("chief", "worker")
     elif args.strategy == "mwms":
         before, after = recorder.socket_rows[0], recorder.socket_rows[-1]
         # Worker 0's view: what it sent to and received from the other workers.

@@ -251,3 +251,35 @@ def test_substitute_falls_back_to_digits_without_fashion_mnist(tmp_path, monkeyp
     monkeypatch.setattr(data, "fashion_mnist_dir", unavailable)
     loaded = data.load_images("cifar100", data_dir=str(tmp_path), allow_substitute=True, limit=10)
     assert loaded.name == "digits" and loaded.substitute_for == "cifar100"
+
+
+def test_image_records_read_back_as_the_arrays_in_order(tmp_path):
+    from models import workloads
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(7, 4, 3, 2), dtype=np.uint8)
+    labels = np.array([0, 255, 3, 9, 1, 2, 7])
+    path = str(tmp_path / "train.records")
+    workloads.write_image_records(path, images, labels)
+    assert os.path.getsize(path) == 7 * (1 + 4 * 3 * 2)
+    read = list(workloads.image_records_dataset(path, images.shape[1:]).as_numpy_iterator())
+    assert len(read) == 7
+    for (image, label), want_image, want_label in zip(read, images, labels):
+        np.testing.assert_array_equal(image, want_image)
+        assert label == want_label and label.dtype == np.int64
+    # The training pipeline gives the same shuffled batches from the file.
+    def batches(records_path):
+        pipeline = workloads.make_image_dataset(images, labels, 2, 0.0, 1.0, False, 3,
+                                                records_path=records_path)
+        return list(pipeline.take(5).as_numpy_iterator())
+
+    for (image, label), (want_image, want_label) in zip(batches(path), batches(None)):
+        np.testing.assert_array_equal(image, want_image)
+        np.testing.assert_array_equal(label, want_label)
+
+
+def test_image_records_refuse_labels_beyond_a_byte(tmp_path):
+    from models import workloads
+
+    with pytest.raises(ValueError, match="0..255"):
+        workloads.write_image_records(str(tmp_path / "r"), np.zeros((1, 2, 2, 1), np.uint8), [256])

@@ -315,15 +315,20 @@ def test_sparse_model_local_run(tmp_path):
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_parameter_server_run(tmp_path):
+    # All of digits' training set (1,437 images of 32x32x3: 4.4 MB).
     summary, rows, _ = run_cli(["--strategy", "ps", "--workers", "2", "--steps", "4",
                                 "--log-every", "2", "--compression", "threelc",
-                                "--timeout", "280"], tmp_path, 300)
+                                "--train-limit", "1437", "--timeout", "280"], tmp_path, 300)
     assert [int(r["step"]) for r in rows] == [2, 4]  # one row per Keras epoch under PSS
     # Real sockets: the workers pushed and pulled; pulls are fp32, pushes compressed.
     up, down = summary["socket_worker_to_ps_bytes_per_step"], summary["socket_ps_to_worker_bytes_per_step"]
     assert up > summary["push_bytes_per_step"] > 0
     assert down > summary["push_dense_bytes_per_step"] > up
     assert summary["workers"] == 2 and summary["ps"] == 1
+    # The workers read the images from a file: the coordinator sent them the step's
+    # functions (1.6 MB) but not the training set, which made it 10.4 MB (a copy each).
+    assert summary["socket_chief_to_worker_bytes"] < 1437 * 32 * 32 * 3
+    assert not (tmp_path / "run" / "train.records").exists()
     # Training time ends with the last step; fit's teardown after it is kept apart.
     assert float(rows[-1]["time_s"]) <= summary["train_time_s"] and summary["fit_teardown_s"] >= 0
 
