@@ -7,6 +7,7 @@ packing here. It imports nothing else of tfgc (only the op library), so any modu
 may import it.
 """
 import contextlib
+import functools
 
 import tensorflow as tf
 
@@ -56,12 +57,24 @@ def dense_nbytes(variable):
     return variable.shape.num_elements() * variable.dtype.size
 
 
+def zeros_of(shape, dtype):
+    """A callable initial value of zeros, made where the variable is (see `local_variable`)."""
+    return functools.partial(tf.zeros, shape, dtype)
+
+
 def local_variable(initial_value, name, per_worker):
     """A variable each replica updates on its own copy of; reading it sums the copies.
 
     Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
     variable on a parameter server that every worker adds to. The strategy's variable
     creator is active here (as for an optimizer's slots).
+
+    Args:
+      initial_value: a tensor, or a callable that makes one. Give a large per-worker
+        variable a callable (`zeros_of(shape, dtype)`): it runs on each worker, where
+        a tensor is copied from the coordinator to every worker over the network.
+      name: the variable's name.
+      per_worker: under ParameterServerStrategy, one copy per worker.
     """
     strategy = tf.distribute.get_strategy()
     if is_parameter_server(strategy):

@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from tfgc import _compat, moving_statistics, server_variables
 from tfgc.codecs import base
-from tfgc.distribute import is_parameter_server, local_variable
+from tfgc.distribute import is_parameter_server, local_variable, zeros_of
 
 _state = threading.local()  # set while tfgc creates variables that are no model's
 
@@ -111,7 +111,7 @@ class PulledVariable(_compat.BaseResourceVariable):
         per_worker = is_parameter_server(tf.distribute.get_strategy())
         base_name = master.name.split(":")[0]
         with buffers():
-            self.cache = local_variable(tf.zeros(master.shape, master.dtype),
+            self.cache = local_variable(zeros_of(master.shape, master.dtype),
                                         f"{base_name}/pull_cache", per_worker)
         self._codec = None
         self._group = None  # the tfgc.wire.ParameterServerPull that pulls this variable

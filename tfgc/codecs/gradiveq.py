@@ -49,6 +49,7 @@ carries exactly S * d floats. U is stored padded to d_max = min(K, L_t) columns,
 most PCA over L_t samples can use. The all-reduce face is in
 tfgc.codecs.gradiveq_all_reduce.
 """
+import functools
 from typing import Optional, Sequence
 
 import tensorflow as tf
@@ -271,10 +272,12 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
             self._worker_copy = None
             if topology.parameter_server:
                 self._worker_copy = {
-                    "basis": tf.Variable(tf.zeros([g, k, self.max_dim]), trainable=False,
-                                         name="worker_basis", per_worker_variable=True),
-                    "mean": tf.Variable(tf.zeros([g, k]), trainable=False, name="worker_mean",
-                                        per_worker_variable=True),
+                    # Zeros made on each worker, not copied to it from the coordinator.
+                    "basis": tf.Variable(functools.partial(tf.zeros, [g, k, self.max_dim]),
+                                         trainable=False, name="worker_basis",
+                                         per_worker_variable=True),
+                    "mean": tf.Variable(functools.partial(tf.zeros, [g, k]), trainable=False,
+                                        name="worker_mean", per_worker_variable=True),
                     "version": tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                            name="worker_version", per_worker_variable=True),
                 }

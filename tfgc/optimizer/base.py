@@ -10,6 +10,7 @@ import tensorflow as tf
 from tfgc import _compat, codecs, memory, pulls
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
+    zeros_of,
 )
 from tfgc.local_steps import as_outer_optimizer, check_local_steps
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
@@ -273,5 +274,5 @@ def residual_variable(variable):
     # Under PSS one copy per worker: a residual on the parameter server would be pulled
     # in fp32. Under mirrored strategies a checkpoint keeps the replicas' sum, the total
     # unsent error.
-    return local_variable(tf.zeros(variable.shape, variable.dtype),
+    return local_variable(zeros_of(variable.shape, variable.dtype),
                           f"residual/{variable.name.split(':')[0]}", per_worker=True)

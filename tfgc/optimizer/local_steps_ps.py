@@ -41,7 +41,7 @@ branches and written after them (the residuals through `tfgc.memory.StagedResidu
 import tensorflow as tf
 
 from tfgc import _compat
-from tfgc.distribute import local_variable, num_workers
+from tfgc.distribute import local_variable, num_workers, zeros_of
 from tfgc.memory import StagedResidual
 from tfgc.server_variables import created_by_name
 from tfgc.variables import PulledVariable
@@ -113,10 +113,10 @@ class ServerMeetings:
         self.counters = list({id(v.owner): v.owner.local_step
                               for v in self.variables if v.owner.local_step is not None}.values())
         # With one local step the anchor is the step's own copy: no variable.
-        self.anchors = [local_variable(tf.zeros(m.shape, m.dtype),
+        self.anchors = [local_variable(zeros_of(m.shape, m.dtype),
                                        f"anchor/{_base_name(m)}", per_worker=True)
                         for m in self.masters] if optimizer.local_steps > 1 else None
-        self.velocities = ([local_variable(tf.zeros(m.shape, m.dtype),
+        self.velocities = ([local_variable(zeros_of(m.shape, m.dtype),
                                            f"inner_momentum/{_base_name(m)}", per_worker=True)
                             for m in self.masters] if optimizer.momentum else None)
         outer = optimizer.outer_optimizer
