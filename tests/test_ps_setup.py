@@ -163,7 +163,8 @@ UNBUILT = textwrap.dedent(
         report["losses"] = history.history["loss"]
         report["traffic"] = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
         report["residuals"] = [
-            [type(r).__name__, [float(np.abs(w.numpy()).sum()) for w in r.read_all()]]
+            [[c.__name__ for c in type(r).__mro__],
+             [float(np.abs(w.numpy()).sum()) for w in r.read_all()]]
             for r in optimizer._residuals.values()]
     print("REPORT " + json.dumps(report), flush=True)
     sys.stdout.flush()
@@ -180,6 +181,6 @@ def test_an_unbuilt_model_trains_without_building_the_optimizer(run_report):
     assert 0 < traffic["push_bytes"] < traffic["push_dense_bytes"] / 10
     # The first Dense kernel (32x64) is compressed: one error-feedback buffer per
     # worker, made at the first step, and each worker's holds what it has not sent.
-    [(kind, per_worker)] = report["residuals"]
-    assert kind == "PerWorkerVariable"
+    [(classes, per_worker)] = report["residuals"]
+    assert "PerWorkerVariable" in classes
     assert len(per_worker) == 2 and all(total > 0 for total in per_worker)

@@ -85,7 +85,9 @@ def local_variable(initial_value, name, per_worker):
         variable = tf.Variable(initial_value, trainable=False, name=name,
                                per_worker_variable=per_worker,
                                experimental_enable_variable_lifting=not per_worker)
-        return variable if per_worker else server_variables.by_name(variable)
+        if per_worker:
+            return _compat.share_per_worker_handle(variable)
+        return server_variables.by_name(variable)
     if strategy.num_replicas_in_sync > 1:
         return tf.Variable(
             initial_value, trainable=False, name=name,

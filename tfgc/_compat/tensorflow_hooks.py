@@ -151,6 +151,21 @@ def _probe_ps_num_workers():
     return None  # an instance attribute: checked at each use
 
 
+@_hook("PerWorkerVariable", "tensorflow",
+       "tensorflow.python.distribute.ps_values.PerWorkerVariable: its `handle` (a "
+       "call-time capture of the dispatching worker's handle, made anew at each access), "
+       "handle_call_time_value and _maybe_create_per_worker_vars; and the `key` of "
+       "FuncGraph.capture_call_time_value")
+def _probe_per_worker_variable():
+    per_worker = _module("tensorflow.python.distribute.ps_values").PerWorkerVariable
+    for method in ("handle_call_time_value", "_maybe_create_per_worker_vars"):
+        _method(per_worker, method)
+    capture = _module("tensorflow.python.framework.func_graph").FuncGraph.capture_call_time_value
+    if "key" not in inspect.signature(capture).parameters:
+        raise LookupError("FuncGraph.capture_call_time_value takes no key")
+    return per_worker
+
+
 BaseResourceVariable = None  # set below, from the probes
 ResourceVariable = None
 ShardedVariable = None
@@ -317,6 +332,50 @@ TRACKABLE_CHILDREN = "_trackable_children"
 def is_savedmodel_save(save_type):
     """Whether `save_type` (what `_trackable_children` receives) is a SavedModel export."""
     return str(getattr(save_type, "value", save_type)) == "savedmodel"
+
+
+def share_per_worker_handle(variable):
+    """Makes a traced function use one input for all accesses of a per-worker variable.
+
+    TensorFlow's per-worker variable captures its handle anew at each access in a traced
+    function (each read, each write), and the coordinator sends every such capture with
+    every call: ~280 bytes per access per step (measured: 1 read 0.57 KB per call, 40
+    reads 11.6 KB), which made a local-steps step of ResNet-20 send 113 KB from the
+    coordinator. Once shared, reads and writes of one variable also see one resource
+    tensor, which orders them (TensorFlow's own captures are not ordered). Other
+    variables are returned as they are.
+
+    Relies on `PerWorkerVariable.handle`, `handle_call_time_value`,
+    `_maybe_create_per_worker_vars` and `FuncGraph.capture_call_time_value(key=...)`.
+    """
+    per_worker = _resolved["PerWorkerVariable"]
+    if type(variable) is per_worker:
+        variable.__class__ = _shared_handle_class(per_worker)
+    return variable
+
+
+_SHARED_HANDLE_CLASSES = {}
+
+
+def _shared_handle_class(per_worker):
+    """The subclass of `per_worker` whose graph handle is one capture per variable."""
+    if per_worker not in _SHARED_HANDLE_CLASSES:
+
+        class SharedHandlePerWorkerVariable(per_worker):
+            @property
+            def handle(self):
+                tf = _module("tensorflow")
+                if tf.executing_eagerly() or in_save_context():
+                    return super().handle  # the coordinator's instance, as TensorFlow's
+                self._maybe_create_per_worker_vars()  # noqa: SLF001
+                closure, spec = self.handle_call_time_value()
+                # One placeholder per variable and graph, under a key of this variable's.
+                key = self.__dict__.setdefault("_tfgc_handle_key", object())
+                graph = tf.compat.v1.get_default_graph()
+                return graph.capture_call_time_value(closure, spec, key=key)
+
+        _SHARED_HANDLE_CLASSES[per_worker] = SharedHandlePerWorkerVariable
+    return _SHARED_HANDLE_CLASSES[per_worker]
 
 
 _check_tensorflow_hooks()

@@ -271,15 +271,14 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
             # so a compressed push does not first pull K x d_max floats.
             self._worker_copy = None
             if topology.parameter_server:
+                # Zeros made on each worker, not copied to it from the coordinator.
                 self._worker_copy = {
-                    # Zeros made on each worker, not copied to it from the coordinator.
-                    "basis": tf.Variable(functools.partial(tf.zeros, [g, k, self.max_dim]),
-                                         trainable=False, name="worker_basis",
-                                         per_worker_variable=True),
-                    "mean": tf.Variable(functools.partial(tf.zeros, [g, k]), trainable=False,
-                                        name="worker_mean", per_worker_variable=True),
-                    "version": tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                           name="worker_version", per_worker_variable=True),
+                    "basis": base.sender_state(functools.partial(tf.zeros, [g, k, self.max_dim]),
+                                               "worker_basis", topology),
+                    "mean": base.sender_state(functools.partial(tf.zeros, [g, k]),
+                                              "worker_mean", topology),
+                    "version": base.sender_state(tf.constant(0, tf.int64), "worker_version",
+                                                 topology),
                 }
             # Pushes that the parameter server decodes at the same moment advance the
             # schedule one at a time (else two could both end a sampling phase).
