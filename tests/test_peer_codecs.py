@@ -49,6 +49,29 @@ def test_random_k_positions_cover_every_stratum_once(rng):
     assert seen[:986].min() > 0
 
 
+def test_rescaled_random_k_is_unbiased(rng):
+    x = rng.normal(size=[1000]).astype(np.float32)
+    codec = C.RandomK(0.03, seed=5, rescale=True)
+    assert codec.unbiased and not C.RandomK(0.03).unbiased
+    assert C.RandomK.from_config(codec.get_config()).rescale
+    total = np.zeros(1000)
+    draws = 1000
+    for _ in range(draws):
+        payload, sent = codec.encode_and_reconstruct(x)
+        kept = np.flatnonzero(sent.numpy())
+        # Each value times its stratum's width: 34, the last one 14.
+        widths = np.where(kept < 986, 34, 14)
+        np.testing.assert_allclose(sent.numpy()[kept], x[kept] * widths, rtol=1e-6)
+        np.testing.assert_array_equal(codec.decode(payload).numpy(), sent.numpy())
+        total += sent.numpy()
+    # The mean of the draws tends to x: per value its standard error is
+    # sqrt(33 / 1000) |x| = 0.18 |x|, so the mean absolute error is about 0.145 mean |x|
+    # (over 1000 values); without rescaling the mean is x / 34, an error of 0.97 mean |x|.
+    assert np.abs(total / draws - x).mean() < 0.3 * np.abs(x).mean()
+    with pytest.raises(TypeError, match="rescale"):
+        C.RandomK(0.03, rescale=1)
+
+
 def test_random_k_decodes_from_the_payload_alone(rng):
     x = rng.normal(size=[64, 9]).astype(np.float32)
     payload, sent = C.RandomK(0.1).encode_and_reconstruct(x)

@@ -16,9 +16,14 @@ class RandomK(base.StochasticCodec):
     one shorter; fewer strata when k does not divide n evenly) and one position is drawn
     in each, so no position repeats and the positions cost no bits: the payload carries
     the 64-bit seed they are drawn from (a stateless draw, the same on every machine).
-    Every value is sent with probability about `fraction`. Biased (no rescaling): run it
+    Every value is sent with probability about `fraction`. As it is, biased: run it
     under error feedback, `tfgc.DistributedOptimizer`'s default, which sends every
-    value's accumulated residual in time. A non-finite input decodes to NaN everywhere.
+    value's accumulated residual in time. With `rescale=True` each sent value is
+    multiplied by its stratum's width (the inverse of its chance to be sent, about
+    1 / fraction), so E[decode] = x (unbiased, `codec.unbiased`) at a variance of
+    (width - 1) x_i^2 per value; it is then meant to run without error feedback
+    (`error_feedback=False`), as the rand-k of the analyses. A non-finite input decodes
+    to NaN everywhere.
 
     Under Mirrored/MultiWorkerMirroredStrategy `bind` gives each variable a codec whose
     seed follows a step count every replica keeps alike, so all replicas pick the same
@@ -29,19 +34,29 @@ class RandomK(base.StochasticCodec):
       fraction: the share of values sent, in (0, 1].
       seed: an int for reproducible positions, or None for nondeterministic ones (under
         all-reduce strategies replicas must agree: None there means 0).
+      rescale: send each value times its stratum's width (unbiased), else as it is.
 
     Payload: {"values": in x's dtype, "seed": int64 [2], "shape"}.
     """
 
-    def __init__(self, fraction: float = 0.01, seed: Optional[int] = None) -> None:
+    def __init__(self, fraction: float = 0.01, seed: Optional[int] = None,
+                 rescale: bool = False) -> None:
         fraction = base.check_real(fraction, "RandomK fraction")
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"RandomK fraction must be in (0, 1], got {fraction}")
+        if not isinstance(rescale, bool):
+            raise TypeError(f"RandomK rescale must be True or False, got {rescale!r}")
         super().__init__(seed=seed, name="random_k")
         self.fraction = fraction
+        self.rescale = rescale
+
+    @property
+    def unbiased(self) -> bool:
+        """Whether E[decode] = x: with `rescale` only."""
+        return self.rescale
 
     def get_config(self):
-        return {"fraction": self.fraction, "seed": self.seed}
+        return {"fraction": self.fraction, "seed": self.seed, "rescale": self.rescale}
 
     def bind(self, variable: tf.Variable,
              topology: Optional[base.Topology] = None) -> base.Codec:
@@ -50,7 +65,7 @@ class RandomK(base.StochasticCodec):
             return self
         name = getattr(variable, "name", "variable").split(":")[0]
         return SharedRandomK(self.fraction, self.seed, salt=zlib.crc32(name.encode()),
-                             topology=topology)
+                             topology=topology, rescale=self.rescale)
 
     def next_seed(self) -> tf.Tensor:
         """The seed of one encoding's positions, int64 [2]."""
@@ -60,8 +75,10 @@ class RandomK(base.StochasticCodec):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(x, [-1])
         seed = self.next_seed()
-        positions = _positions(tf.size(flat, out_type=tf.int64), self.fraction, seed)
+        positions, widths = _positions(tf.size(flat, out_type=tf.int64), self.fraction, seed)
         values = tf.gather(flat, positions)
+        if self.rescale:
+            values = values * tf.cast(widths, x.dtype)
         values = tf.where(base.all_finite(flat), values, tf.constant(float("nan"), x.dtype))
         payload = {"values": values, "seed": seed, "shape": base.shape_of(x)}
         sent = _expand(positions, values, tf.size(flat, out_type=tf.int64))
@@ -71,7 +88,7 @@ class RandomK(base.StochasticCodec):
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
         n = tf.cast(n, tf.int64)
-        positions = _positions(n, self.fraction, fields["seed"])
+        positions, _ = _positions(n, self.fraction, fields["seed"])
         values = base.check_size(fields["values"], tf.size(positions), self.name, key="values")
         return tf.reshape(_expand(positions, values, n), dims)
 
@@ -84,12 +101,13 @@ class SharedRandomK(RandomK):
     summable = True
 
     def __init__(self, fraction: float, seed: Optional[int], salt: int,
-                 topology: base.Topology) -> None:
+                 topology: base.Topology, rescale: bool = False) -> None:
         # Not RandomK's constructor: its random generator would be state (checkpointed,
         # one per variable) that a shared seed never reads. `fraction` was checked by
         # the RandomK that binds this.
         tf.Module.__init__(self, name="random_k")
         self.fraction, self.seed, self.salt = fraction, seed, int(salt)
+        self.rescale = rescale
         with self.name_scope:
             self.step = base.replica_state(tf.constant(0, tf.int64), "step", topology)
 
@@ -119,14 +137,15 @@ def _expand(positions, values, n):
 
 def _positions(n, fraction, seed):
     """int64 positions, ascending and distinct: one drawn in each of the strata that cut
-    range(n) into ceil(fraction * n) parts of equal width (the last one shorter)."""
+    range(n) into ceil(fraction * n) parts of equal width (the last one shorter); and
+    the width of each one's stratum."""
     count = tf.maximum(tf.cast(tf.math.ceil(fraction * tf.cast(n, tf.float64)), tf.int64), 1)
     width = tf.maximum((n + count - 1) // count, 1)
     starts = tf.range(0, n, width, dtype=tf.int64)
     lengths = tf.minimum(width, n - starts)
     draws = tf.random.stateless_uniform(tf.shape(starts), seed, minval=None, maxval=None,
                                         dtype=tf.int64)
-    return starts + tf.math.floormod(draws, lengths)
+    return starts + tf.math.floormod(draws, lengths), lengths
 
 
 _FIELDS = {
