@@ -256,6 +256,9 @@ def main(argv=None):
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--workers", type=int, default=1, help="worker 0 is traced")
+    parser.add_argument("--local-steps", type=int, default=1,
+                        help="models.train --local-steps: bytes per step then average "
+                             "the steps that meet and those that do not")
     parser.add_argument("--warm-epochs", type=int, default=4,
                         help="Keras epochs (of 10 steps) before tracing starts")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to trace")
@@ -274,7 +277,8 @@ def main(argv=None):
                # As make demo: decay applied on the server (an L2 term in the loss
                # would have fp32 read every kernel twice per step).
                "--weight-decay-mode", "optimizer",
-               "--pull-compression", pull, "--out", os.path.join(out, "run"),
+               "--pull-compression", pull, "--local-steps", str(args.local_steps),
+               "--out", os.path.join(out, "run"),
                "--timeout", str(args.timeout)]
     print("[wire_breakdown]", " ".join(command[1:]), flush=True)
     log = open(os.path.join(out, "train.log"), "w")  # the run's whole life
@@ -314,9 +318,11 @@ def main(argv=None):
         sys.exit("no step was seen while tracing; trace longer (--seconds)")
     pull_kinds, pull_total, _, _ = tally(pulled, device, pull_edges)
     print(f"\n{args.model}, --compression {args.compression} --pull-compression {pull}, "
+          f"--local-steps {args.local_steps}, "
           f"1 PS + {args.workers} worker(s); per step of worker 0, over {calls} steps "
           f"({handles / calls:.0f} remote handles per function call)")
-    summary = {"calls": calls, "handles_per_call": handles / calls}
+    summary = {"local_steps": args.local_steps, "calls": calls,
+               "handles_per_call": handles / calls}
     for direction, kinds, total in (("worker 0 -> PS", push_kinds, push_total),
                                     ("PS -> worker 0", pull_kinds, pull_total)):
         print(f"\n{direction}\n\n| kind | messages / step | bytes / step | share |\n"
