@@ -13,7 +13,8 @@ Strategies:
   encoded gradients; bytes per direction are read from the kernel's per-socket
   counters. ``--steps`` counts worker steps (each one batch of ``--batch-size`` from one
   worker, applied asynchronously). The workers read the training images from a file
-  written in ``--out`` (removed after training), not from this process over the link.
+  written in ``--out`` (removed after training), not from this process over the link
+  (the sparse models' data is still sent from this process).
 * ``mwms``: MultiWorkerMirroredStrategy with ``--workers`` processes on 127.0.0.1 (one
   TF_CONFIG each); ``--steps`` counts synchronous steps of a global batch of
   ``--batch-size`` x ``--workers``.

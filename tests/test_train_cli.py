@@ -165,6 +165,13 @@ def test_demo_runs_local_steps_as_codec_at_h_and_labels_them(capsys):
     assert cells[1][1] == "threelc, 4 local steps (averaging)"
     # The first run is the base, not the other run of the same codec.
     assert cells[1][6] == "4.0x" and cells[1][-1] == "2.0x |"
+    # On a link, the speedups are named after that base (fp32 only when it is fp32).
+    on_link = [dict(r, link="1mbit", step_time_s=t)
+               for r, t in ((row(1, 0.4), 0.8), (row(4, 0.2, average), 0.4))]
+    [line] = cluster_demo.speedup_limits([row(1, 0.4), row(4, 0.2, average), *on_link])
+    assert line == ("1mbit, threelc, 4 local steps (averaging): 2.0x faster steps than "
+                    "threelc; at most 4.0x with this run's own loopback step time (50% of "
+                    "it), 2.0x at threelc's loopback step time (100%).")
 
 
 def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
