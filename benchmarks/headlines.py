@@ -208,7 +208,30 @@ def local_steps_headlines():
         f"{_x(step['fp32'] / step['threelc H=8 average'])}, synchronous ThreeLC "
         f"{_x(step['fp32'] / step['threelc'])} faster steps than fp32",
         [LOCAL_STEPS.format("10mbit")], True))
+    heads.append(local_steps_ps_headline())
     return heads
+
+
+LOCAL_STEPS_PS = "benchmarks/data/local_steps/ps_10mbit/summaries.json"
+
+
+def local_steps_ps_headline():
+    """Local steps under parameter servers at 10 Mbit/s (raw, models.cluster_demo): each
+    run's step-time speedup over fp32 and its share of the zero-cost bound (fp32's step
+    on the link over its loopback step)."""
+    step = {(s["link"], s["compression"], s.get("local_steps", 1)): s["step_time_s"]
+            for s in read_json(LOCAL_STEPS_PS)}
+    fp32 = step[("10mbit", "none", 1)]
+    bound = fp32 / step[("loopback", "none", 1)]
+    runs = (("H=4", 4), ("H=8", 8), ("synchronous ThreeLC", 1))
+    speedups = [fp32 / step[("10mbit", THREELC, steps)] for _, steps in runs]
+    shares = [speedup / bound for speedup in speedups]
+    return Headline(
+        "local-steps-ps-10mbit",
+        ", ".join(f"{name} {_x(speedup)}" for (name, _), speedup in zip(runs, speedups))
+        + f" faster steps than fp32: {', '.join(_percent(share) for share in shares)} of the "
+        f"{_x(bound)} zero-cost bound; target 90% for local steps "
+        f"{_verdict(min(shares[:2]), BOUND_SHARE_TARGET)}", [LOCAL_STEPS_PS], True)
 
 
 POWERSGD = "benchmarks/data/peer_codecs/powersgd_mwms_loopback{}.json"
