@@ -76,16 +76,16 @@ def test_parameter_server_custom_loop():
     # moves each of the 16,384 embedding and kernel coordinates by up to 0.3 a step, so
     # the logit swings by hundreds, and a few confidently wrong examples (Keras takes
     # the loss from the logit, unbounded) put an epoch's mean loss in the tens or
-    # hundreds, with fp32 as with ThreeLC. The accuracy swings too until every example
-    # is fit with a margin, after which the gradients vanish and it stays at 1.0; when
-    # that happens varies from run to run: in five runs with ThreeLC and five with fp32
-    # (6 epochs of 5 steps, 2 workers), epochs 2, 3 and 4 scored 0.75-1.0, 0.98-1.0 and
-    # 1.0 (the second epoch, which this test judged once, 0.53-1.0). A model that
-    # learned nothing scores the majority label's 4/7 = 0.571 (the label is "avenger"
-    # among 3 of 7 features), with a standard deviation of 0.04 over the epoch's 160
-    # examples.
+    # hundreds, with fp32 as with ThreeLC. The accuracy swings too, and not only before
+    # the model first fits every example: one run scored 1.0 in its fourth epoch and
+    # 0.8875 in its fifth. So the test asks for the best epoch. In ten runs of 6 epochs
+    # (five with ThreeLC, five with fp32, 2 workers) every run scored 0.98 or more by its
+    # fourth epoch; the second epoch alone, which this test judged once, scored 0.53-1.0.
+    # A model that learned nothing scores the majority label's 4/7 = 0.571 (the label is
+    # "avenger" among 3 of 7 features), with a standard deviation of 0.04 over an
+    # epoch's 160 examples: 0.9 is 8 standard deviations above.
     accuracies = [numbers(line)[1] for line in epochs]
-    assert len(epochs) == 5 and accuracies[-1] > 0.9, epochs
+    assert len(epochs) == 5 and max(accuracies) > 0.9, epochs
     summary = next(line for line in compressed.splitlines() if line.startswith("steps "))
     steps, on_sockets, pushed, dense_push = numbers(summary)
     assert steps == 26
