@@ -132,3 +132,60 @@ def test_a_traced_step_makes_one_unordered_handle_per_named_variable():
     assert not graph.captures or all(t.dtype != tf.resource for t in graph.external_captures)
     # Eager code sees an ordinary variable, and the variable's resource is its own.
     np.testing.assert_array_equal(variable.numpy(), [12.0, 13.0])
+
+
+FIRST_STEP_COORDINATOR = cluster_scripts.script(
+    """
+    from tfgc import server_variables
+
+    # Models of many small variables, fp32 both ways (messages of fixed sizes), each
+    # optimizer built by its model's first step, as `compile` and `fit` alone do it.
+    configs = {  # name: (built before `fit`, local steps, outer optimizer)
+        "built": (True, 1, None), "first_step": (False, 1, None),
+        "average": (False, 2, tfgc.OuterSGD.averaging()),
+        "nesterov": (False, 2, tfgc.OuterSGD(0.7, momentum=0.9, nesterov=True))}
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4)).astype("float32"), rng.normal(size=(64, 4))
+    data = tf.data.Dataset.from_tensor_slices((x, y.astype("float32"))).repeat().batch(16)
+    fp32 = tfgc.codecs.NoCompression()
+    report = {}
+    with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=200) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        for config, (built, local_steps, outer) in configs.items():
+            with strategy.scope(), tfgc.compressed_pulls():
+                model = tf_keras.Sequential([tf_keras.Input((4,))] + [
+                    tf_keras.layers.Dense(4) for _ in range(30)])
+            with strategy.scope():
+                opt = tfgc.DistributedOptimizer(
+                    tf_keras.optimizers.SGD(0.01, momentum=0.9), compression=fp32,
+                    pull_compression=fp32, local_steps=local_steps, outer_optimizer=outer)
+                if built:
+                    opt.build(model.trainable_variables)
+                model.compile(opt, "mse")
+            model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)
+            rows = c.settled_socket_bytes()
+            before = c.traffic_between("worker", "ps", rows=rows)
+            model.fit(data, epochs=1, steps_per_epoch=20, verbose=0)
+            rows = c.settled_socket_bytes()
+            sent = c.traffic_between("worker", "ps", rows=rows) - before
+            named = [isinstance(getattr(v, "_v", v), server_variables.NamedServerVariable)
+                     for v in opt.variables()]
+            report[config] = {"bytes_per_step": sent / 20, "variables": len(named),
+                              "named": sum(named)}
+    send_report(report)
+    """)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_variables_made_in_the_first_step_are_reached_by_name(run_report):
+    # Without `build` before `fit`, tf_keras builds the optimizer (its momentum slots)
+    # while the first step traces, as tfgc makes local steps' outer momenta: 60
+    # variables each, whose handles would cross with every step (~85 bytes each, 5 KB
+    # a step) were they not named.
+    runs = run_report(FIRST_STEP_COORDINATOR, timeout=300)
+    for config, slots in (("first_step", 60), ("nesterov", 120)):
+        assert runs[config]["named"] == slots, runs
+    for plain, more in (("built", "first_step"), ("average", "nesterov")):
+        extra = runs[more]["bytes_per_step"] - runs[plain]["bytes_per_step"]
+        assert abs(extra) < 1024, runs

@@ -40,7 +40,14 @@ def by_name(variable):
         wrapped = _compat.caching_variable_inner(variable)
         inner = by_name(wrapped)
         return variable if inner is wrapped else _NamedCachingVariable(inner)
-    if type(variable) is not _compat.ResourceVariable:  # noqa: E721 (exact)
+    if type(variable) is _compat.UnliftedInitializerVariable:  # noqa: E721 (exact)
+        # Made while a tf.function traced its first call (tf_keras builds optimizers
+        # and tfgc its server state in the first step). Made in tf.init_scope, it holds
+        # its value already and is copied as a plain one; made in the traced graph, its
+        # value is set only when the function runs, and it stays as it is.
+        if not tf.executing_eagerly():
+            return variable
+    elif type(variable) is not _compat.ResourceVariable:  # noqa: E721 (exact)
         return variable
     if "/job:ps" not in (variable.device or ""):
         return variable

@@ -30,6 +30,7 @@ from tfgc._compat.keras3_hooks import (
 from tfgc._compat.tensorflow_hooks import (
     RESOURCE_VARIABLE_OVERRIDES, TRACKABLE_CHILDREN, VARIABLE_VALUE_KEY,
     BaseResourceVariable, CachingVariable, ResourceVariable, ShardedVariable, Trackable,
+    UnliftedInitializerVariable,
     caching_variable_inner, distribute_strategy_of, eager_context, eager_mode,
     export_to_saved_model_graph, in_save_context, init_variable_from_handle,
     is_function_graph, is_savedmodel_save, ps_num_workers, resource_handle,

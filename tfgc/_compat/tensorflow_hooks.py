@@ -34,6 +34,15 @@ def _probe_resource_variable():
     return _module("tensorflow.python.ops.resource_variable_ops").ResourceVariable
 
 
+@_hook("UnliftedInitializerVariable", "tensorflow",
+       "tensorflow.python.eager.polymorphic_function.polymorphic_function."
+       "UnliftedInitializerVariable (what tf.Variable makes while a tf.function traces its "
+       "first call, also in tf.init_scope)")
+def _probe_unlifted_initializer_variable():
+    return _module("tensorflow.python.eager.polymorphic_function.polymorphic_function"
+                   ).UnliftedInitializerVariable
+
+
 @_hook("act_as_resource_variable", "tensorflow",
        "tensorflow.python.ops.resource_variable_ops.is_resource_variable accepting any "
        "object with a `_should_act_as_resource_variable` attribute")
@@ -168,6 +177,7 @@ def _probe_per_worker_variable():
 
 BaseResourceVariable = None  # set below, from the probes
 ResourceVariable = None
+UnliftedInitializerVariable = None
 ShardedVariable = None
 CachingVariable = None
 VARIABLE_VALUE_KEY = None
@@ -178,8 +188,8 @@ def _check_tensorflow_hooks():
     """Probes every TensorFlow hook (at import) and binds the constants."""
     check_at_import("tensorflow")
     globals().update({name: _resolved[name] for name in (
-        "BaseResourceVariable", "ResourceVariable", "ShardedVariable", "CachingVariable",
-        "VARIABLE_VALUE_KEY", "Trackable")})
+        "BaseResourceVariable", "ResourceVariable", "UnliftedInitializerVariable",
+        "ShardedVariable", "CachingVariable", "VARIABLE_VALUE_KEY", "Trackable")})
 
 
 def in_save_context():
