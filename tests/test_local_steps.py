@@ -339,12 +339,16 @@ PS_COORDINATOR = cluster_scripts.script(
         with strategy.scope(), tfgc.compressed_pulls():
             tf_keras.utils.set_random_seed(0)
             model = tf_keras.Sequential([
-                tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),
+                tf_keras.layers.Dense(128, input_shape=(64,)),
+                tf_keras.layers.BatchNormalization(), tf_keras.layers.ReLU(),
                 tf_keras.layers.Dense(10)])
+        # fp32 runs send the batch-norm statistics in float32 too.
+        small = {"small_compression": None} if name.startswith("fp32") else {}
         with strategy.scope():
             opt = tfgc.DistributedOptimizer(
                 tf_keras.optimizers.SGD(0.05, momentum=0.9), compression=codec,
-                pull_compression=pull_codec, local_steps=local_steps, outer_optimizer=outer)
+                pull_compression=pull_codec, local_steps=local_steps, outer_optimizer=outer,
+                **small)
             model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         # In order, so that two runs with one worker see the same batches.
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
@@ -392,18 +396,22 @@ def test_parameter_server_workers_train_their_copies_and_meet_every_h_steps(run_
     # steps (SGD with momentum, each step's pushed and applied to the master), whether
     # it meets every step or every 4 (16 steps, fp32 both ways), to within float
     # rounding: (copy + step) - anchor is the step to an ulp of the weight, which later
-    # gradients carry on. A lost momentum or step would be off by ~1e-3.
+    # gradients carry on. A lost momentum or step would be off by ~1e-3. The servers'
+    # batch-norm statistics, updated every step or folded over 4 and sent at the
+    # meeting, agree too.
     for name in ("fp32_average_h1", "fp32_average_h4"):
         for plain, local in zip(runs["fp32"]["weights"], runs[name]["weights"]):
             np.testing.assert_allclose(local, plain, rtol=0, atol=1e-4, err_msg=name)
     # With H = 4 each worker pulls at the first and pushes at the last of every 4 of
     # its steps: the counters count the meetings' and the pulls' dense bytes only.
     local = runs["threelc_h4"]
-    model_bytes = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    model_bytes = (64 * 128 + 128 + 2 * 128 + 128 * 10 + 10) * 4
+    statistics_bytes = 2 * 128 * 4
     worker_steps = local["worker_steps"]
     assert sum(worker_steps) == local["iterations"] == 48
     meetings, pulls = sum(s // 4 for s in worker_steps), sum(-(-s // 4) for s in worker_steps)
-    assert local["traffic"]["push_dense_bytes"] == meetings * model_bytes
+    # The statistics travel at meetings only (they would count at every step).
+    assert local["traffic"]["push_dense_bytes"] == meetings * (model_bytes + statistics_bytes)
     assert local["traffic"]["pull_dense_bytes"] == pulls * model_bytes
     # What was counted crossed (the second epoch's sockets carry at least its half).
     assert local["worker_to_ps"] >= local["traffic"]["push_bytes"] / 2

@@ -134,6 +134,37 @@ def test_a_statistics_update_sends_float32_exactly_or_bfloat16(small_compression
     assert update.dense_nbytes() == 12
 
 
+@pytest.mark.parametrize("small_compression, exact", [(None, True), (codecs.Cast("float16"), False)])
+def test_a_run_of_statistics_updates_folds_into_one(small_compression, exact):
+    # Two statistics of one server, four steps (one with an empty batch, which changes
+    # nothing), folded on the worker and made at once on the server.
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=3).astype("float32"), rng.uniform(1, 2, size=2).astype("float32")]
+    one_by_one, folded = [_statistic(v) for v in start], [_statistic(v) for v in start]
+    state = tf.zeros([6])
+    for step, applies in enumerate([1.0, 1.0, 0.0, 1.0]):
+        batch = [tf.constant(rng.normal(size=3), tf.float32),
+                 tf.constant(rng.uniform(0, 3, size=2), tf.float32)]
+        rates = tf.constant([0.1 * (step + 1), applies])
+        update = moving_statistics.StatisticsUpdate(
+            "/device:CPU:0", list(zip(one_by_one, batch)), rates)
+        update.apply(update.payload(None), None)
+        waiting = moving_statistics.StatisticsUpdate(
+            "/device:CPU:0", list(zip(folded, batch)), rates)
+        state = waiting.fold(state)
+    assert waiting.folds and waiting.state_size() == 6
+    rider = waiting.folded(state)
+    payload = rider.payload(small_compression)
+    assert payload["stepped"].dtype == tf.float32  # the decay's product always exact
+    rider.apply(payload, small_compression)
+    for got, expected in zip(folded, one_by_one):
+        if exact:
+            np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
+        else:  # the sum of the run's terms in bfloat16
+            np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=2 ** -8, atol=1e-2)
+    assert rider.dense_nbytes() == 20
+
+
 def test_updates_ride_only_in_a_collecting_step_of_their_graph():
     variable = _statistic([1.0, 2.0])
     rates = tf.constant([0.5, 1.0])

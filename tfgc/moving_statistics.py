@@ -208,21 +208,35 @@ class StatisticsUpdate(riders.Rider):
         self.values = concat_flat([tf.cast(value, dtype) for _, value in pairs])
         self.rates = rates
 
-    def _codec(self, small_compression):
-        return NoCompression() if small_compression is None else Cast("bfloat16")
-
     def payload(self, small_compression):
-        return {**self._codec(small_compression).encode(self.values), "rates": self.rates}
+        return {**_codec(small_compression).encode(self.values), "rates": self.rates}
 
     def apply(self, payload, small_compression):
         payload = dict(payload)
         rates = payload.pop("rates")
-        values = self._codec(small_compression).decode(
-            payload, expected_shape=self.values.shape)
+        values = _codec(small_compression).decode(payload, expected_shape=self.values.shape)
         return self._assign(tf.cast(values, self.rates.dtype), rates)
 
     def dense_nbytes(self):
         return self.values.shape.num_elements() * self.values.dtype.size
+
+    # A run of updates v <- v - (v - x_k) * d_k (d_k: the decay where the batch was not
+    # empty, else 0) is one: v <- (1 - S) * v + A, with A <- (1 - d_k) * A + d_k * x_k
+    # and S <- 1 - (1 - d_k) * (1 - S), both from 0. The state is [A, S].
+    folds = True
+
+    def state_size(self):
+        return self.values.shape.num_elements() + 1
+
+    def fold(self, state):
+        decay, applies = tf.unstack(tf.cast(self.rates, tf.float32))
+        decay = decay * tf.cast(applies > 0, tf.float32)
+        moved, stepped = state[:-1], state[-1:]
+        return tf.concat([(1.0 - decay) * moved + decay * tf.cast(self.values, tf.float32),
+                          1.0 - (1.0 - decay) * (1.0 - stepped)], axis=0)
+
+    def folded(self, state):
+        return FoldedStatistics(self.device, self.variables, state)
 
     def send_alone(self):
         # The values, decay and flag packed into one tensor: all that crosses.
@@ -239,3 +253,48 @@ class StatisticsUpdate(riders.Rider):
             delta = (variable - value) * decay
             result = variable.assign_sub(tf.where(applies > 0, delta, tf.zeros_like(delta)))
         return result
+
+
+class FoldedStatistics(riders.Rider):
+    """A run of one worker's `StatisticsUpdate`s of statistics on one server, made at
+    once: `v <- (1 - S) * v + A` from the folded state [A, S] (see
+    `StatisticsUpdate.fold`), exactly the run's updates made one after another.
+
+    A rides as the updates' values do (bfloat16, or float32 where the optimizer sends
+    small tensors uncompressed); S arrives exactly.
+
+    Args:
+      device: the statistics' server.
+      variables: the statistics on `device`.
+      state: the folded state, float32.
+    """
+
+    def __init__(self, device, variables, state):
+        super().__init__(device)
+        self.variables = list(variables)
+        self.moved, self.stepped = state[:-1], state[-1:]
+
+    def payload(self, small_compression):
+        return {**_codec(small_compression).encode(self.moved), "stepped": self.stepped}
+
+    def apply(self, payload, small_compression):
+        payload = dict(payload)
+        stepped = payload.pop("stepped")
+        moved = _codec(small_compression).decode(payload, expected_shape=self.moved.shape)
+        shapes = [variable.shape for variable in self.variables]
+        for variable, value in zip(self.variables, split_flat(moved, shapes)):
+            kept = tf.cast(1.0 - stepped[0], variable.dtype)
+            result = variable.assign(kept * variable + tf.cast(value, variable.dtype))
+        return result
+
+    def dense_nbytes(self):
+        return sum(v.shape.num_elements() * v.dtype.size for v in self.variables)
+
+    def send_alone(self):
+        raise NotImplementedError(
+            "folded batch-norm statistics travel in a meeting's message only")
+
+
+def _codec(small_compression):
+    """How statistics ride: see `StatisticsUpdate`."""
+    return NoCompression() if small_compression is None else Cast("bfloat16")

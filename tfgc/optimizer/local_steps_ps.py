@@ -17,6 +17,12 @@ worker's step k (its own count, `CompressedPulls.local_step`):
                         and the copy returns to the anchor, which is what the server's
                         snapshot of it holds, so the next pull brings the master's change
 
+The step's batch-norm statistics updates for the servers (`tfgc.moving_statistics`)
+wait on the worker too: each step folds them into a per-worker state, and the meeting's
+message carries the one update they compose to, which leaves each server's statistics
+as the worker's updates one after another would have (between meetings a server's
+statistics are those of the workers' last meetings).
+
 Workers meet asynchronously, as ParameterServerStrategy's workers push gradients: each
 meeting applies that worker's share at once (there is no mean to wait for), so W
 workers that meet from one anchor move the master to their copies' mean with
@@ -45,6 +51,7 @@ from tfgc.distribute import local_variable, num_workers, zeros_of
 from tfgc.memory import StagedResidual
 from tfgc.server_variables import created_by_name
 from tfgc.variables import PulledVariable
+from tfgc.wire import riders
 from tfgc.wire.wires import ParameterServerPush
 
 
@@ -120,6 +127,7 @@ class ServerMeetings:
                                            f"inner_momentum/{_base_name(m)}", per_worker=True)
                             for m in self.masters] if optimizer.momentum else None)
         outer = optimizer.outer_optimizer
+        self._round_riders = self._round_rider_sizes = None  # made in the first step
         with created_by_name():  # reached by name on their servers (tfgc.server_variables)
             self.outer_momenta = ([optimizer.add_variable_from_reference(m, "outer_momentum")
                                    for m in self.masters] if outer.momentum > 0 else None)
@@ -217,12 +225,14 @@ class ServerMeetings:
         keys = list(residuals)
         olds = [residuals[key].read_value() for key in keys]
         destinations = list(dict.fromkeys(master.device for _, master in deltas))
+        carried, folding = self._fold_riders(meeting, destinations)
         packed = {}
 
         def encode():
             staged = {key: StagedResidual(old) for key, old in zip(keys, olds)}
             packed["wire"] = ParameterServerPush(encoder.with_residuals(staged))
-            packed["deltas"], packed["messages"] = packed["wire"].pack(deltas, riders_too=False)
+            packed["deltas"], packed["messages"] = packed["wire"].pack(
+                deltas, riders_too=False, carried=carried)
             if [m.destination for m in packed["messages"]] != destinations:
                 raise RuntimeError(f"the push grouped {deltas} otherwise than by server")
             return [m.message for m in packed["messages"]], [staged[k].value for k in keys]
@@ -239,11 +249,41 @@ class ServerMeetings:
                     tf.size(bytes_sent) > 0,
                     lambda m=message: self._receive(packed["wire"], packed["deltas"], m),
                     tf.no_op))
-        return met, [residuals[key].assign(new) for key, new in zip(keys, news)]
+        return met, folding + [residuals[key].assign(new) for key, new in zip(keys, news)]
+
+    def _fold_riders(self, meeting, destinations):
+        """Folds this step's riders that fold (batch-norm statistics) into the round's
+        state on the worker (`tfgc.wire.riders`), sent when it meets.
+
+        Returns:
+          ({destination: riders that make the round's updates}, for the meeting's
+          messages; the state's write: the folded state, or zeros after a meeting).
+        """
+        taken = [(device, rider) for device in destinations
+                 for rider in riders.take(device, folding=True)]
+        if not taken:
+            return {}, []
+        sizes = [rider.state_size() for _, rider in taken]
+        if self._round_riders is None:
+            with tf.init_scope():  # made in the first step
+                self._round_riders = local_variable(zeros_of([sum(sizes)], tf.float32),
+                                                    "round_riders", per_worker=True)
+            self._round_rider_sizes = sizes
+        elif sizes != self._round_rider_sizes:
+            raise RuntimeError(f"a step made riders of sizes {sizes} where the first "
+                               f"step's were {self._round_rider_sizes}")
+        olds = tf.split(tf.convert_to_tensor(self._round_riders), sizes)
+        news = [rider.fold(old) for (_, rider), old in zip(taken, olds)]
+        carried = {}
+        for (device, rider), new in zip(taken, news):
+            carried.setdefault(device, []).append(rider.folded(new))
+        state = tf.concat(news, axis=0)
+        return carried, [self._round_riders.assign(
+            tf.where(meeting, tf.zeros_like(state), state))]
 
     def _send_riders(self):
-        """The step's other updates for the servers (batch-norm statistics), one
-        message per server (a meeting's message may not be sent); returns the ops."""
+        """The step's other updates for the servers that do not fold, one message per
+        server (a meeting's message may not be sent); returns the ops."""
         wire = ParameterServerPush(self.optimizer.encoder)
         ops = []
         for device in dict.fromkeys(master.device for master in self.masters):

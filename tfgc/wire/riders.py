@@ -16,6 +16,11 @@ did not take when it ends (a server with no gradient that step, a push inside a
 `tf.cond`, a step without a tfgc optimizer) is sent on its own (`Rider.send_alone`),
 as it would have been without riding. Outside such a step `ride` says no, and the
 caller sends the update at once.
+
+A rider whose updates compose (`Rider.folds`: batch-norm statistics) can also wait on
+the worker: a round of them folds into one state (`fold`) that makes them all at once
+(`folded`), which is how local steps send them only when the worker meets its servers
+(tfgc.optimizer.local_steps_ps).
 """
 import abc
 import contextlib
@@ -56,6 +61,22 @@ class Rider(abc.ABC):
     @abc.abstractmethod
     def send_alone(self):
         """Makes the update with a transfer of its own (no push carried it)."""
+
+    #: Whether a run of this rider's updates composes into one (`fold`, `folded`).
+    folds = False
+
+    def state_size(self):
+        """Elements of the float32 state a run of these updates folds into."""
+        raise NotImplementedError(f"{type(self).__name__} does not fold")
+
+    def fold(self, state):
+        """The state after this update, from `state`, the one of the updates before it
+        (zeros: none yet); made on the worker."""
+        raise NotImplementedError(f"{type(self).__name__} does not fold")
+
+    def folded(self, state):
+        """A rider that makes the updates folded into `state` at once."""
+        raise NotImplementedError(f"{type(self).__name__} does not fold")
 
 
 class _Step:
@@ -107,17 +128,26 @@ def ride(rider):
     return True
 
 
-def take(device):
+def take(device, folding=None):
     """The riders waiting for a push to `device` in the current step (removed: the push
-    carries them); none outside a collecting step."""
+    carries them); none outside a collecting step.
+
+    Args:
+      device: the server.
+      folding: None for all of them, True for those that fold, False for the others.
+    """
     step = _current_step()
     if step is None:
         return []
     device = _canonical(device)
+
+    def taken(rider):
+        return rider.device == device and folding in (None, rider.folds)
+
     with _lock:
-        taken = [rider for rider in step.riders if rider.device == device]
-        step.riders = [rider for rider in step.riders if rider.device != device]
-    return taken
+        riders = [rider for rider in step.riders if taken(rider)]
+        step.riders = [rider for rider in step.riders if not taken(rider)]
+    return riders
 
 
 def collect_in_steps(strategy):

@@ -55,27 +55,37 @@ class _FusedWire(Wire):
     def send(self, grads_and_vars):
         return self.receive(self.pack(grads_and_vars))
 
-    def pack(self, grads_and_vars, riders_too=True):
+    def pack(self, grads_and_vars, riders_too=True, carried=None):
         """The first half of `send`, made here: every destination's message, encoded.
 
         Args:
           grads_and_vars: one step's (gradient, variable) pairs.
           riders_too: whether the messages carry the step's riders; False where the
             second half may not run (a branch), so that they go alone.
+          carried: {destination: [riders]} that the messages carry as well (riders
+            folded over local steps); each destination must have a gradient.
 
         Returns:
           What `receive` takes.
+
+        Raises:
+          ValueError: a destination of `carried` has no gradient to travel with.
         """
         groups = {}
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is not None:
                 groups.setdefault(self._destination(variable), []).append(position)
+        carried = dict(carried or {})
+        if set(carried) - set(groups):
+            raise ValueError(f"riders for {sorted(set(carried) - set(groups))}, where this "
+                             "step sends no message")
         messages = []
         for destination, positions in groups.items():
             pairs = [grads_and_vars[p] for p in positions]
             # The step's other updates for this server travel in its message too.
-            carried = ([] if destination is None or not riders_too
-                       else riders.take(destination))
+            taken = ([] if destination is None or not riders_too
+                     else riders.take(destination))
+            taken += carried.get(destination, [])
             units = self._units(pairs)
             # Rows whose indices the destination holds already travel without them.
             held = [self._held_indices(destination, *pairs[unit[0]]) if len(unit) == 1
@@ -84,8 +94,8 @@ class _FusedWire(Wire):
             payloads = [self._encode([pairs[i] for i in unit], indices)
                         for unit, indices in zip(units, held)]
             layout, message = Layout.pack(
-                payloads + [rider.payload(small) for rider in carried])
-            messages.append(_Message(destination, positions, carried, units, held, layout,
+                payloads + [rider.payload(small) for rider in taken])
+            messages.append(_Message(destination, positions, taken, units, held, layout,
                                      message))
         return grads_and_vars, messages
 
