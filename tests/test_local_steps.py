@@ -360,13 +360,18 @@ PS_COORDINATOR = cluster_scripts.script(
         except NotImplementedError as error:
             send_report({"refused": str(error)})
             sys.exit(0)
-        up, down = c.traffic_between("worker", "ps"), c.traffic_between("ps", "worker")
+        rows = c.settled_socket_bytes()
+        up = c.traffic_between("worker", "ps", rows=rows)
+        down = c.traffic_between("ps", "worker", rows=rows)
+        pushed = int(opt.traffic["push_bytes"].numpy())
         history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
                             callbacks=callbacks)
+        rows = c.settled_socket_bytes()
         result = {
             "loss": history.history["loss"],
-            "worker_to_ps": c.traffic_between("worker", "ps") - up,
-            "ps_to_worker": c.traffic_between("ps", "worker") - down,
+            "worker_to_ps": c.traffic_between("worker", "ps", rows=rows) - up,
+            "ps_to_worker": c.traffic_between("ps", "worker", rows=rows) - down,
+            "pushed": int(opt.traffic["push_bytes"].numpy()) - pushed,
             "traffic": {k: int(v.numpy()) for k, v in opt.traffic.items()},
             "iterations": int(opt.iterations.numpy()),
             "weights": [w.tolist() for w in model.get_weights()],
@@ -402,6 +407,11 @@ def test_parameter_server_workers_train_their_copies_and_meet_every_h_steps(run_
     for name in ("fp32_average_h1", "fp32_average_h4"):
         for plain, local in zip(runs["fp32"]["weights"], runs[name]["weights"]):
             np.testing.assert_allclose(local, plain, rtol=0, atol=1e-4, err_msg=name)
+    # What the meetings pushed crossed once: 80 KB of fp32 deltas and 21 KB of the
+    # steps' requests here; the message would be read twice by a server whose branch
+    # and condition each received it (183 KB).
+    h4 = runs["fp32_average_h4"]
+    assert h4["pushed"] <= h4["worker_to_ps"] < 1.5 * h4["pushed"], h4
     # With H = 4 each worker pulls at the first and pushes at the last of every 4 of
     # its steps: the counters count the meetings' and the pulls' dense bytes only.
     local = runs["threelc_h4"]

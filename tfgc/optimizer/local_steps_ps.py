@@ -243,10 +243,13 @@ class ServerMeetings:
         sent, news = tf.cond(meeting, encode, keep)
         met = []
         for message, bytes_sent in zip(packed["messages"], sent):
-            message = message._replace(message=bytes_sent)
             with tf.device(message.destination):
+                # The size and the branch read one copy made on the server: given the
+                # worker's tensor, each received it, and the message crossed twice.
+                arrived = tf.identity(bytes_sent)
+                message = message._replace(message=arrived)
                 met.append(tf.cond(
-                    tf.size(bytes_sent) > 0,
+                    tf.size(arrived) > 0,
                     lambda m=message: self._receive(packed["wire"], packed["deltas"], m),
                     tf.no_op))
         return met, folding + [residuals[key].assign(new) for key, new in zip(keys, news)]
