@@ -248,6 +248,46 @@ def accuracy_lines(summaries, window=3):
     return lines
 
 
+def steady_bytes(summary):
+    """(worker->PS, PS->worker) socket bytes per step after the run's first Keras epoch,
+    or None where fewer than two epochs were recorded. The first epoch also carries what
+    a run sends once (the step's functions registered on the servers, the first full
+    pulls): about 1 MB each way for ResNet-20, 4-5 KB per step over 240 steps."""
+    rows = summary.get("socket_bytes") or []
+    if len(rows) < 3 or "worker_to_ps" not in rows[0]:
+        return None
+    start, end = rows[1], rows[-1]
+    steps = end["step"] - start["step"]
+    return tuple((end[key] - start[key]) / steps for key in ("worker_to_ps", "ps_to_worker"))
+
+
+def steady_bytes_lines(summaries):
+    """Lines giving each run's socket bytes per step after its first epoch, against the
+    first run on its link and, for local steps, against the same codec's synchronous run
+    there."""
+    by_key = {(s["link"], s["compression"], s.get("local_steps", 1)): s for s in summaries}
+    lines = []
+    for s in summaries:
+        steady = steady_bytes(s)
+        if steady is None:
+            continue
+        first = next(b for b in summaries if b["link"] == s["link"])
+        bases = [("the first run", first)]
+        synchronous = by_key.get((s["link"], s["compression"], 1))
+        if s.get("local_steps", 1) > 1 and synchronous is not None:
+            bases.append(("synchronous", synchronous))
+        against = []
+        for name, base in bases:
+            base_steady = steady_bytes(base)
+            if base is not s and base_steady is not None:
+                against.append(f"{base_steady[0] / steady[0]:.1f}x and "
+                               f"{base_steady[1] / steady[1]:.1f}x fewer than {name}")
+        lines.append(f"{s['link']}, {_label(s)}: after the first epoch {steady[0]:,.0f} B "
+                     f"per step to the servers, {steady[1]:,.0f} B back"
+                     + (f" ({'; '.join(against)})" if against else "") + ".")
+    return lines
+
+
 def describe_dataset(summary):
     text = f"{summary['dataset']} ({summary['train_examples']} training / " \
            f"{summary['test_examples']} test images)"
@@ -348,7 +388,7 @@ def main(argv=None):
         "training." + (f"\n{link_note}" if link_note else "")
     )
     table = results_table(summaries)
-    limits = speedup_limits(summaries) + accuracy_lines(summaries)
+    limits = speedup_limits(summaries) + accuracy_lines(summaries) + steady_bytes_lines(summaries)
     text = f"{header}\n\n{table}\n" + "".join(f"\n{line}" for line in limits) + (
         "\n" if limits else "")
     print("\n" + text)

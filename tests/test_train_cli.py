@@ -174,6 +174,29 @@ def test_demo_runs_local_steps_as_codec_at_h_and_labels_them(capsys):
                     "it), 2.0x at threelc's loopback step time (100%).")
 
 
+def test_demo_counts_bytes_per_step_after_the_first_epoch():
+    from models import cluster_demo
+
+    def run(compression, local_steps, first_epoch, per_step):
+        # 3 epochs of 10 steps; the first also carries what a run sends once.
+        totals = [0, first_epoch, first_epoch + 10 * per_step, first_epoch + 20 * per_step]
+        return {"link": "loopback", "compression": compression, "local_steps": local_steps,
+                "outer_optimizer": {"learning_rate": 1.0, "momentum": 0.0},
+                "socket_bytes": [{"step": 10 * i, "worker_to_ps": t, "ps_to_worker": t // 2}
+                                 for i, t in enumerate(totals)]}
+
+    runs = [run("none", 1, 10**6, 8000), run("threelc", 1, 10**6, 4000),
+            run("threelc", 4, 2 * 10**6, 1000)]
+    assert cluster_demo.steady_bytes(runs[2]) == (1000.0, 500.0)
+    assert cluster_demo.steady_bytes({"socket_bytes": runs[2]["socket_bytes"][:2]}) is None
+    lines = cluster_demo.steady_bytes_lines(runs)
+    assert lines[0] == "loopback, none: after the first epoch 8,000 B per step to the servers, 4,000 B back."
+    assert lines[2] == (
+        "loopback, threelc, 4 local steps (averaging): after the first epoch 1,000 B per step "
+        "to the servers, 500 B back (8.0x and 8.0x fewer than the first run; 4.0x and 4.0x "
+        "fewer than synchronous).")
+
+
 def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
     from models import supervise
 
