@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from benchmarks.series import ema
+from models.cluster_demo import steady_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -209,6 +210,7 @@ def local_steps_headlines():
         f"{_x(step['fp32'] / step['threelc'])} faster steps than fp32",
         [LOCAL_STEPS.format("10mbit")], True))
     heads.append(local_steps_ps_headline())
+    heads.append(local_steps_ps_bytes_headline())
     return heads
 
 
@@ -232,6 +234,25 @@ def local_steps_ps_headline():
         + f" faster steps than fp32: {', '.join(_percent(share) for share in shares)} of the "
         f"{_x(bound)} zero-cost bound; target 90% for local steps "
         f"{_verdict(min(shares[:2]), BOUND_SHARE_TARGET)}", [LOCAL_STEPS_PS], True)
+
+
+def local_steps_ps_bytes_headline():
+    """Local steps under parameter servers at 10 Mbit/s (raw, models.cluster_demo): socket
+    bytes per step after the first epoch against synchronous ThreeLC's, each way, and
+    what share of H that is (the target: about H fewer)."""
+    steady = {s.get("local_steps", 1): steady_bytes(s) for s in read_json(LOCAL_STEPS_PS)
+              if s["link"] == "10mbit" and s["compression"] == THREELC}
+    synchronous, parts, shares = steady.pop(1), [], ([], [])
+    for h, (up, down) in sorted(steady.items()):
+        fewer = (synchronous[0] / up, synchronous[1] / down)
+        parts.append(f"H={h} {_x(fewer[0])} and {_x(fewer[1])}")
+        for share, ratio in zip(shares, fewer):
+            share.append(ratio / h)
+    return Headline(
+        "local-steps-ps-bytes", ", ".join(parts) + " fewer bytes per step to the servers "
+        "and back than synchronous ThreeLC (after the first epoch); target about H: "
+        f"{_span(shares[0], _percent)} of H to the servers, {_span(shares[1], _percent)} "
+        "back", [LOCAL_STEPS_PS], True)
 
 
 POWERSGD = "benchmarks/data/peer_codecs/powersgd_mwms_loopback{}.json"

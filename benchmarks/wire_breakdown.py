@@ -259,6 +259,10 @@ def main(argv=None):
     parser.add_argument("--local-steps", type=int, default=1,
                         help="models.train --local-steps: bytes per step then average "
                              "the steps that meet and those that do not")
+    parser.add_argument("--outer-optimizer", choices=("average", "nesterov"),
+                        default="average",
+                        help="with --local-steps: models.train --outer-optimizer (average, "
+                             "as models.cluster_demo's local-steps runs)")
     parser.add_argument("--warm-epochs", type=int, default=4,
                         help="Keras epochs (of 10 steps) before tracing starts")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to trace")
@@ -278,6 +282,7 @@ def main(argv=None):
                # would have fp32 read every kernel twice per step).
                "--weight-decay-mode", "optimizer",
                "--pull-compression", pull, "--local-steps", str(args.local_steps),
+               "--outer-optimizer", args.outer_optimizer,
                "--out", os.path.join(out, "run"),
                "--timeout", str(args.timeout)]
     print("[wire_breakdown]", " ".join(command[1:]), flush=True)
@@ -318,10 +323,11 @@ def main(argv=None):
         sys.exit("no step was seen while tracing; trace longer (--seconds)")
     pull_kinds, pull_total, _, _ = tally(pulled, device, pull_edges)
     print(f"\n{args.model}, --compression {args.compression} --pull-compression {pull}, "
-          f"--local-steps {args.local_steps}, "
+          f"--local-steps {args.local_steps} ({args.outer_optimizer} meetings), "
           f"1 PS + {args.workers} worker(s); per step of worker 0, over {calls} steps "
           f"({handles / calls:.0f} remote handles per function call)")
-    summary = {"local_steps": args.local_steps, "calls": calls,
+    summary = {"local_steps": args.local_steps, "outer_optimizer": args.outer_optimizer,
+               "calls": calls,
                "handles_per_call": handles / calls}
     for direction, kinds, total in (("worker 0 -> PS", push_kinds, push_total),
                                     ("PS -> worker 0", pull_kinds, pull_total)):
