@@ -4,6 +4,7 @@ Each test starts real `tf.distribute.Server` processes, so they are marked `clus
 """
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -517,6 +518,17 @@ def test_bandwidth_emulation_errors():
         mp.setattr(netem.shutil, "which", lambda tool: None if tool == "tc" else "/x")
         with pytest.raises(cluster.ClusterError, match="tc from iproute2"):
             cluster.LocalCluster(num_ps=0, num_workers=1, bandwidth="10mbit").start()
+
+
+@needs_emulation
+def test_emulated_networks_name_their_links_apart_whatever_the_seed():
+    # Training seeds Python's `random`: names drawn from it collided between two test
+    # processes seeded alike. Making a network object creates nothing yet.
+    names = []
+    for _ in range(2):
+        random.seed(0)
+        names.append(netem.EmulatedNetwork("10mbit", []).root_link)
+    assert names[0] != names[1] and all(len(name) <= 15 for name in names)
 
 
 def test_cli_mwms_runs_the_script_as_every_worker(tmp_path, capfd):

@@ -134,7 +134,10 @@ class EmulatedNetwork:
         EmulatedNetwork._count += 1
         self.prefix = f"{_NETNS_PREFIX}{os.getpid()}-{EmulatedNetwork._count}"
         self.hub = f"{self.prefix}-hub"
-        self.root_link = f"tfgc{random.getrandbits(24):06x}"
+        # Unique among live processes (an interface name has at most 15 characters). A
+        # draw from the global `random` was not: training code seeds it, and two test
+        # processes seeded alike drew the same name ("RTNETLINK answers: File exists").
+        self.root_link = f"tfgc{os.getpid():06x}{EmulatedNetwork._count % 256:02x}"
         self.namespaces = {}  # (job, index) -> namespace name
         self.hosts = {}  # (job, index) -> ip; ("chief", 0) is this namespace
         self._created = []
