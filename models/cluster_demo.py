@@ -263,17 +263,17 @@ def steady_bytes(summary):
 
 def steady_bytes_lines(summaries):
     """Lines giving each run's socket bytes per step after its first epoch, against the
-    first run on its link and, for local steps, against the same codec's synchronous run
-    there."""
-    by_key = {(s["link"], s["compression"], s.get("local_steps", 1)): s for s in summaries}
+    first run's on its link (as `results_table`) and, for local steps, against the same
+    codec's synchronous run there."""
+    by_key = {(s["link"], _run_key(s)): s for s in summaries}
+    first = _run_key(summaries[0])
     lines = []
     for s in summaries:
         steady = steady_bytes(s)
         if steady is None:
             continue
-        first = next(b for b in summaries if b["link"] == s["link"])
-        bases = [("the first run", first)]
-        synchronous = by_key.get((s["link"], s["compression"], 1))
+        bases = [("the first run", by_key[(s["link"], first)])]
+        synchronous = by_key.get((s["link"], s["compression"]))  # its key without "@H"
         if s.get("local_steps", 1) > 1 and synchronous is not None:
             bases.append(("synchronous", synchronous))
         against = []

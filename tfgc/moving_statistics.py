@@ -281,10 +281,11 @@ class FoldedStatistics(riders.Rider):
         payload = dict(payload)
         stepped = payload.pop("stepped")
         moved = _codec(small_compression).decode(payload, expected_shape=self.moved.shape)
+        dtype = self.variables[0].dtype.base_dtype  # one dtype: `StatisticsUpdate` casts to it
+        kept = tf.cast(1.0 - stepped[0], dtype)
         shapes = [variable.shape for variable in self.variables]
         for variable, value in zip(self.variables, split_flat(moved, shapes)):
-            kept = tf.cast(1.0 - stepped[0], variable.dtype)
-            result = variable.assign(kept * variable + tf.cast(value, variable.dtype))
+            result = variable.assign(kept * variable + tf.cast(value, dtype))
         return result
 
     def dense_nbytes(self):
