@@ -81,7 +81,7 @@ from models import data as data_lib
 from models import divergence, supervise, workloads
 from models.recorder import HISTORY_FIELDS, recorder_classes
 from models.train_args import (
-    build_parser, parse_agent_arguments, parse_compression)
+    build_parser, default_momentum, parse_agent_arguments, parse_compression)
 
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
 
@@ -547,6 +547,8 @@ def main(argv=None):
                      "workers read only the rows of their batch)")
     args.dataset = args.dataset or workload.default_dataset
     args.lr = workloads.default_lr(args.model) if args.lr is None else args.lr
+    if args.momentum is None:
+        args.momentum = default_momentum(args.compression)
     if args.name is None:
         dataset = os.path.basename(args.dataset.rpartition(":")[2])
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")

@@ -31,6 +31,22 @@ def parse_compression(spec):
     Raises:
       ValueError: unknown codec, malformed argument, or arguments the codec rejects.
     """
+    cls, kwargs = _codec_class_and_arguments(spec)
+    try:
+        return cls(**kwargs)
+    except TypeError as error:
+        raise ValueError(f"bad arguments for {cls.__name__} in {spec!r}: {error}") from None
+
+
+def default_momentum(spec):
+    """SGD's momentum for a run compressed by `spec`: 0.9, or 0 where the codec applies
+    momentum itself before compressing (Signum)."""
+    return 0.0 if _codec_class_and_arguments(spec)[0].momentum_on_sender else 0.9
+
+
+def _codec_class_and_arguments(spec):
+    """(the codec class, its keyword arguments) of a compression spec (see
+    `parse_compression`), without making the codec."""
     from tfgc import codecs
 
     name, _, arg_text = spec.strip().partition(":")
@@ -45,10 +61,7 @@ def parse_compression(spec):
         known = sorted(set(_CODEC_ALIASES) | set(classes))
         raise ValueError(f"unknown compression {name!r} in {spec!r}; known: {', '.join(known)}")
     kwargs.update(_key_values(arg_text, "compression", spec))
-    try:
-        return codecs.lookup(class_name)(**kwargs)
-    except TypeError as error:
-        raise ValueError(f"bad arguments for {class_name} in {spec!r}: {error}") from None
+    return codecs.lookup(class_name), kwargs
 
 
 def _key_values(text, option, spec):
@@ -155,7 +168,9 @@ def build_parser():
              "Adam at 0.01 for sparse models). ResNets deeper than 20 layers warm up "
              "linearly from a tenth of it over their first 400 steps")
     add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
-    add("--momentum", type=float, default=0.9)
+    add("--momentum", type=float, default=None,
+        help="SGD's momentum (default: 0.9; 0 with a codec that applies momentum before "
+             "it compresses, signum)")
     add("--weight-decay", type=float, default=1e-4,
         help="L2 lambda (sparse models: on the batch's features)")
     add("--weight-decay-mode", choices=("loss", "optimizer"), default="loss",

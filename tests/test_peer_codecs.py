@@ -1,4 +1,4 @@
-"""PowerSGD, RandomK and ScaledSign: each codec's own promise (the properties every
+"""PowerSGD, RandomK, ScaledSign and Signum: each codec's own promise (the properties every
 codec shares are in test_codecs.py)."""
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ import tf_keras
 import tfgc
 from tfgc.codecs.base import MalformedPayloadError, Topology
 from tfgc.codecs.powersgd import PowerSGDLayer, orthonormal
+from tfgc.codecs.sign import SignumLayer
 
 C = tfgc.codecs
 
@@ -27,6 +28,65 @@ def test_scaled_sign_sends_the_sign_at_the_mean_magnitude(rng):
     assert float(payload["scale"]) == pytest.approx(scale, rel=1e-6)
     np.testing.assert_array_equal(sent.numpy(), np.where(x >= 0, 1, -1) * np.float32(payload["scale"]))
     assert payload["data"].shape == [126]  # one bit a value
+
+
+# --- Signum -----------------------------------------------------------------------------
+
+
+def test_signum_sends_the_scaled_sign_of_its_momentum(rng):
+    layer = bound(C.Signum(momentum=0.5), [40, 25])
+    assert isinstance(layer, SignumLayer) and not layer.supports_error_feedback
+    momentum = np.zeros([40, 25], np.float32)
+    for _ in range(3):
+        g = rng.normal(size=[40, 25]).astype(np.float32)
+        momentum = np.float32(0.5) * momentum + g
+        payload, sent = layer.encode_and_reconstruct(g)
+        np.testing.assert_array_equal(layer.momentum.numpy(), momentum)
+        scale = np.abs(momentum.astype(np.float64)).mean()
+        assert float(payload["scale"]) == pytest.approx(scale, rel=1e-6)
+        expected = np.where(momentum >= 0, 1, -1) * np.float32(payload["scale"])
+        np.testing.assert_array_equal(sent.numpy(), expected)
+        np.testing.assert_array_equal(layer.decode(payload).numpy(), expected)
+    assert payload["data"].shape == [125]  # one bit a value
+    with pytest.raises(RuntimeError, match="bind"):
+        C.Signum().encode(tf.zeros([4]))
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=r"in \[0, 1\)"):
+            C.Signum(momentum=bad)
+    assert C.Signum.from_config(C.Signum(0.8).get_config()).momentum == 0.8
+
+
+def test_signum_keeps_its_momentum_through_a_non_finite_step(rng):
+    layer = bound(C.Signum(), [300])
+    layer.encode(rng.normal(size=[300]).astype(np.float32))
+    kept = layer.momentum.numpy()
+    g = np.ones([300], np.float32)
+    g[7] = np.inf
+    payload, _ = layer.encode_and_reconstruct(g)
+    assert np.isnan(float(payload["scale"]))  # the failure travels
+    np.testing.assert_array_equal(layer.momentum.numpy(), kept)
+
+
+def test_signum_in_an_optimizer_keeps_no_residual_and_warns_of_a_second_momentum(tmp_path):
+    kernel = tf.Variable(tf.ones([64, 32]), name="kernel")
+    with pytest.warns(UserWarning, match="two momenta"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1, momentum=0.9),
+                                  compression=C.Signum())
+    optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Signum())
+    optimizer.build([kernel])
+    assert optimizer.encoder.residual(kernel) is None
+    gradient = tf.reshape(tf.range(-1024.0, 1024.0), [64, 32])
+    optimizer.apply_gradients([(gradient, kernel)])
+    layer = optimizer.codec_for(kernel)
+    np.testing.assert_array_equal(layer.momentum.numpy(), gradient.numpy())
+    path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    resumed = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.Signum())
+    resumed.build([kernel])
+    tf.train.Checkpoint(optimizer=resumed).restore(path).assert_consumed()
+    np.testing.assert_array_equal(resumed.codec_for(kernel).momentum.numpy(), gradient.numpy())
+    with pytest.raises(NotImplementedError, match="for pulls is the parameter server"):
+        from tfgc.pulls import default_pull_codecs
+        default_pull_codecs(C.Signum()).codec_for(kernel)
 
 
 # --- RandomK ----------------------------------------------------------------------------
@@ -273,15 +333,20 @@ with strategy.scope():
                                       compression=tfgc.codecs.RandomK(0.05, seed=1),
                                       min_elements=10)
     opt_k.build([sparse])
+    signum_kernel = tf.Variable(tf.zeros([50, 4]), name="signum_kernel")
+    opt_s = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0),
+                                      compression=tfgc.codecs.Signum(0.5), min_elements=10)
+    opt_s.build([signum_kernel])
 layers = [opt.codec_for(v) for v in variables]
 residuals = [opt.encoder.residual(v) for v in variables]
 
 @tf.function
-def step(gs, h):
+def step(gs, h, s):
     def fn():
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
         opt.apply_gradients([(tf.gather(g, r), v) for g, v in zip(gs, variables)])
         opt_k.apply_gradients([(tf.gather(h, r), sparse)])
+        opt_s.apply_gradients([(tf.gather(s, r), signum_kernel)])
     strategy.run(fn)
 
 def replicas(v):
@@ -293,14 +358,23 @@ def matrix(x, layer):
 rng = np.random.default_rng(0)
 total_in = [np.zeros([l.rows, l.columns]) for l in layers]
 total_out = [np.zeros([l.rows, l.columns]) for l in layers]
+momenta = np.zeros([2, 50, 4], np.float32)
 for t in range(6):
     gs = [rng.normal(size=(2,) + shape).astype(np.float32) for shape in shapes]
     h = rng.normal(size=(2, 400)).astype(np.float32)
+    s = rng.normal(size=(2, 50, 4)).astype(np.float32)
+    before_s = signum_kernel.numpy()
     qs = [replicas(layer.q) for layer in layers]
     ms = [matrix(g, l) + matrix(np.stack(replicas(r)), l) for g, l, r in zip(gs, layers, residuals)]
     befores, before_k = [v.numpy() for v in variables], sparse.numpy()
     h_total = (h + np.stack(replicas(opt_k.encoder.residual(sparse)))).sum(0)
-    step([tf.constant(g) for g in gs], tf.constant(h))
+    step([tf.constant(g) for g in gs], tf.constant(h), tf.constant(s))
+    # Signum: each replica's own momentum; the update sums their scaled signs.
+    momenta = np.float32(0.5) * momenta + s
+    np.testing.assert_array_equal(np.stack(replicas(opt_s.codec_for(signum_kernel).momentum)),
+                                  momenta)
+    signs = np.where(momenta >= 0, 1.0, -1.0) * np.abs(momenta).mean(axis=(1, 2), keepdims=True)
+    np.testing.assert_allclose(before_s - signum_kernel.numpy(), signs.sum(0), atol=1e-5)
     for i, layer in enumerate(layers):
         q, m = qs[i], ms[i]
         assert np.array_equal(q[0], q[1])  # one warm start on every replica
@@ -324,10 +398,12 @@ for i, layer in enumerate(layers):
 # and the RandomK values alone (4 * 20; the seed and shape are not sent).
 assert int(opt.traffic["push_bytes"]) == 6 * 2 * 448, opt.traffic
 assert int(opt_k.traffic["push_bytes"]) == 6 * 2 * 80, opt_k.traffic
+# Signum, all-gathered: 200 sign bits (25 B) with their length word, and the scale.
+assert int(opt_s.traffic["push_bytes"]) == 6 * 2 * (25 + 4 + 4), opt_s.traffic
 print("ok")
 """
 
 
 @pytest.mark.slow
-def test_powersgd_and_random_k_sum_across_mirrored_replicas(run_python):
+def test_powersgd_random_k_and_signum_across_mirrored_replicas(run_python):
     assert "ok" in run_python(MIRRORED_SCRIPT, timeout=300)

@@ -58,6 +58,14 @@ def test_parse_compression():
         train.parse_compression("threelc:bits=3")
 
 
+def test_sgd_momentum_moves_into_a_codec_that_applies_it():
+    from models.train_args import default_momentum
+
+    assert default_momentum("threelc:sparsity=1.0") == default_momentum("none") == 0.9
+    assert default_momentum("signum:momentum=0.8") == 0.0
+    assert train.parse_compression("signum:momentum=0.8").momentum == 0.8
+
+
 class _TaskSeenDeadLate:
     """A cluster whose dead task becomes visible only at the `visible_at`-th look, as a
     killed server's parent can reap it only after its sockets have already closed."""

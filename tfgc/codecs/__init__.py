@@ -19,6 +19,7 @@
 | PowerSGD(rank)        | peer baseline | 32 r (rows + cols) / size   | yes      | no         |
 | RandomK(fraction)     | peer baseline | 32 * fraction               | yes*     | yes        |
 | ScaledSign            | peer baseline | 1                           | no       | no         |
+| Signum(momentum)      | peer baseline | 1                           | no       | no         |
 
 *RandomK sums in the compressed domain under all-reduce strategies, where replicas
 share its positions.
@@ -37,7 +38,7 @@ from tfgc.codecs.onebit import OneBit
 from tfgc.codecs.powersgd import PowerSGD
 from tfgc.codecs.quantize import Int8, Quantize
 from tfgc.codecs.random_k import RandomK
-from tfgc.codecs.sign import ScaledSign
+from tfgc.codecs.sign import ScaledSign, Signum
 from tfgc.codecs.sparsify import Sparsify, TopK
 from tfgc.codecs.stochastic import QSGD, StochasticTernary
 from tfgc.codecs.threelc import ThreeLC
@@ -46,7 +47,7 @@ _CODECS = {
     cls.__name__: cls
     for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
                 LogQuant, FastSGD, Quantize, AdaptiveQuantize, QSGD, GradiVeQ, PowerSGD, RandomK,
-                ScaledSign)
+                ScaledSign, Signum)
 }
 
 
@@ -90,6 +91,7 @@ __all__ = [
     "Codec", "StochasticCodec", "payload_nbytes", "register", "serialize", "deserialize",
     "lookup", "names", "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary",
     "OneBit", "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "AdaptiveQuantize",
-    "QSGD", "GradiVeQ", "PowerSGD", "RandomK", "ScaledSign", "MalformedPayloadError",
+    "QSGD", "GradiVeQ", "PowerSGD", "RandomK", "ScaledSign", "Signum",
+    "MalformedPayloadError",
     "MAX_DECODED_ELEMENTS",
 ]

@@ -153,6 +153,10 @@ class Codec(abc.ABC):
     #: `DistributedOptimizer` then keeps no residual for them.
     supports_error_feedback = True
 
+    #: True for a codec that applies momentum to the gradient before compressing it
+    #: (Signum): the optimizer it feeds should have none of its own.
+    momentum_on_sender = False
+
     #: True when E[decode(encode(x))] = x (stochastic rounding): such a codec needs no
     #: error feedback, and `ErrorFeedback` around it warns.
     unbiased = False

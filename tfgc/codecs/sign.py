@@ -43,3 +43,95 @@ class ScaledSign(base.ReconstructingCodec):
 
 
 _FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
+
+
+class Signum(base.Codec):
+    """Signum (Bernstein et al. 2018): the scaled sign of a momentum each sender keeps.
+
+    Per variable the sender keeps m <- beta m + g (the heavy-ball momentum of SGD, so
+    that at one learning rate this codec with momentum-free SGD steps as far as SGD with
+    momentum beta would) and sends `ScaledSign` of m: sign(m) at one bit a value and the
+    scale ||m||_1 / n. The receivers average the senders' decodings (not the paper's
+    majority vote, which discards the scale).
+
+    Wrap an optimizer without momentum of its own (the momentum is here, before the
+    compression; `tfgc.DistributedOptimizer` warns otherwise). Signum keeps no residual
+    (`supports_error_feedback` is False): what the sign drops is not sent later; for
+    that, use `ScaledSign` with error feedback (EF-SignSGD).
+
+    `bind(variable)` (called by `DistributedOptimizer` per compressed variable) returns a
+    `SignumLayer`, whose momentum is checkpointed with the optimizer. Under all-reduce
+    strategies each replica keeps its own momentum and a checkpoint keeps the first
+    replica's: on resume every replica starts from it. Under ParameterServerStrategy
+    each worker keeps its own and a resumed or restarted worker starts from zero.
+
+    Args:
+      momentum: beta, in [0, 1); 0 makes it `ScaledSign` without error feedback
+        (signSGD with a scale).
+    """
+
+    supports_error_feedback = False
+    momentum_on_sender = True
+
+    def __init__(self, momentum: float = 0.9) -> None:
+        self.momentum = base.check_real(momentum, "Signum momentum")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"Signum momentum must be in [0, 1), got {momentum!r}")
+
+    def get_config(self):
+        return {"momentum": self.momentum}
+
+    def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
+             name: Optional[str] = None) -> "SignumLayer":
+        """The `SignumLayer` that keeps `variable`'s momentum."""
+        variable_name = getattr(variable, "name", "variable").split(":")[0]
+        name = name or "signum_" + "".join(c if c.isalnum() else "_" for c in variable_name)
+        return SignumLayer(self, variable.shape, name=name, topology=topology)
+
+    def encode(self, x: tf.Tensor) -> base.Payload:
+        raise RuntimeError(
+            "Signum keeps a momentum per variable: call codec.bind(variable) and use the "
+            "returned SignumLayer (tfgc.DistributedOptimizer does this for you)")
+
+    def decode(self, payload: base.Payload,
+               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
+        self.encode(None)
+
+
+class SignumLayer(tf.Module, ScaledSign):
+    """Signum's compressor for one variable (made by `Signum.bind`): its payload and
+    decoding are `ScaledSign`'s, of the momentum rather than the gradient.
+
+    Non-finite policy: a step whose momentum would not be finite keeps the old one and
+    sends a NaN scale (the payload carries the failure, as every codec's does).
+    """
+
+    supports_error_feedback = False
+    keeps_sender_state = True
+    momentum_on_sender = True
+
+    def __init__(self, settings: Signum, shape: base.Shape, name: str = "signum",
+                 topology: Optional[base.Topology] = None) -> None:
+        tf.Module.__init__(self, name=name)
+        self.settings = settings
+        self.shape = tf.TensorShape(shape)
+        if not self.shape.is_fully_defined():
+            raise ValueError(f"Signum binds to variables of a known shape, got {self.shape}")
+        with self.name_scope:
+            self.momentum = base.sender_state(tf.zeros(self.shape, tf.float32), "momentum",
+                                              topology or base.Topology())
+
+    def get_config(self):
+        return self.settings.get_config()
+
+    def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
+        x = base.check_floating(x, self.name)
+        if not x.shape.is_compatible_with(self.shape):
+            raise ValueError(f"{self.name} was bound to a tensor of shape {self.shape}, "
+                             f"got {x.shape}")
+        old = self.momentum.read_value()
+        new = self.settings.momentum * old + tf.cast(x, tf.float32)
+        kept = self.momentum.assign(tf.where(base.all_finite(new), new, old))
+        with tf.control_dependencies([kept]):
+            payload, sent = ScaledSign.encode_and_reconstruct(self, tf.cast(new, x.dtype))
+        return payload, sent

@@ -154,6 +154,11 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
             "per variable; pass the bare codec (the optimizer keeps the residuals) or "
             "error_feedback=False", stacklevel=2)
     config = optimizer.get_config()
+    if compression.momentum_on_sender and config.get("momentum"):
+        warnings.warn(
+            f"{type(compression).__name__} applies momentum before it compresses, and "
+            f"{name} has momentum={config['momentum']} of its own: the gradients would "
+            f"pass two momenta; give {name} momentum=0", stacklevel=2)
     config.update(
         compression=compression, pull_compression=pull_compression,
         min_elements=min_elements, error_feedback=error_feedback,
