@@ -412,14 +412,15 @@ def test_parameter_server_workers_train_their_copies_and_meet_every_h_steps(run_
             if name == "fp32_average_h1" or i not in STATISTICS:
                 np.testing.assert_allclose(local, plain, rtol=0, atol=1e-4, err_msg=f"{name} {i}")
     # The servers' batch-norm statistics: every step's without local steps or with H = 1;
-    # with H = 4 those of each round's first step only (the master's forward pass), sent
-    # at the meeting. The first batch norm's are the data's: each fit reads the batches
-    # from the first, so the rounds start at batches 0, 4, 0, 4.
+    # with H = 4 those of each round's first step only (the master's forward pass), each
+    # as if made 4 times, sent at the meeting. The first batch norm's are the data's:
+    # each fit reads the batches from the first, so the rounds start at batches 0, 4, 0, 4.
     from sklearn.datasets import load_digits
 
     data = load_digits()
     x = (data.images / 16.0).reshape(-1, 64).astype(np.float64)
-    for name, batches in [("fp32", list(range(8)) * 2), ("fp32_average_h4", [0, 4, 0, 4])]:
+    for name, batches in [("fp32", list(range(8)) * 2),
+                          ("fp32_average_h4", [b for b in [0, 4, 0, 4] for _ in range(4)])]:
         mean, variance = np.zeros(64), np.ones(64)
         for b in batches:
             batch = x[32 * b:32 * (b + 1)]

@@ -19,11 +19,13 @@ worker's step k (its own count, `CompressedPulls.local_step`):
 
 The servers' batch-norm statistics (`tfgc.moving_statistics`) are the masters': a
 round's first step runs its forward pass on the master it just pulled, so its batch
-statistics are the master's, and that step's update is the one the worker sends, in the
-meeting's message (folded into a per-worker state until then). The other steps' batch
-statistics are of the worker's copy, which drifts from the master as H grows (at H = 16
-on ResNet-20 the servers' weights tested at 0.23 with the copies' statistics, 0.58 with
-batch statistics); they stay on the worker. With H = 1 every step is a round's first.
+statistics are the master's, and that step's update, made as if for each of the round's
+H steps (decay 1 - (1 - d)^H, so that the moving average forgets at the rate of the
+steps), is the one the worker sends, in the meeting's message (held in a per-worker
+state until then). The other steps' batch statistics are of the worker's copy, which
+drifts from the master as H grows (at H = 16 on ResNet-20 the servers' weights tested
+at 0.23 with the copies' statistics, 0.58 with batch statistics); they stay on the
+worker. With H = 1 every step is a round's first.
 
 Workers meet asynchronously, as ParameterServerStrategy's workers push gradients: each
 meeting applies that worker's share at once (there is no mean to wait for), so W
@@ -258,8 +260,9 @@ class ServerMeetings:
 
     def _fold_riders(self, round_start, meeting, destinations):
         """Folds the round's first step's riders that fold (batch-norm statistics, those
-        of the master: see the module doc) into the round's state on the worker
-        (`tfgc.wire.riders`), sent when it meets; the other steps' are dropped.
+        of the master: see the module doc), each made as if H times, into the round's
+        state on the worker (`tfgc.wire.riders`), sent when it meets; the other steps'
+        are dropped.
 
         Returns:
           ({destination: riders that make the round's updates}, for the meeting's
@@ -279,7 +282,7 @@ class ServerMeetings:
             raise RuntimeError(f"a step made riders of sizes {sizes} where the first "
                                f"step's were {self._round_rider_sizes}")
         olds = tf.split(tf.convert_to_tensor(self._round_riders), sizes)
-        news = [tf.where(round_start, rider.fold(old), old)
+        news = [tf.where(round_start, rider.fold(old, times=self.optimizer.local_steps), old)
                 for (_, rider), old in zip(taken, olds)]
         carried = {}
         for (device, rider), new in zip(taken, news):
