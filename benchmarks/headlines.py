@@ -279,6 +279,26 @@ def powersgd_headline():
         [POWERSGD.format(key) for key in POWERSGD_SEEDS], True)
 
 
+SIGNUM = "benchmarks/data/peer_codecs/signum_mwms_loopback_seed{}.json"
+
+
+def signum_headline():
+    """Signum under MWMS (raw): socket bytes against PowerSGD's fp32 run (seed 0) and test
+    accuracy against fp32's (mean of the 3 seeds of each)."""
+    fp32 = [{r["config"]: r for r in read_json(POWERSGD.format(key))}["fp32"]
+            for key in POWERSGD_SEEDS]
+    signum = [read_json(SIGNUM.format(seed))[0] for seed in range(len(fp32))]
+    points = 100 * (np.mean([r["test_accuracy"] for r in signum])
+                    - np.mean([r["test_accuracy"] for r in fp32]))
+    ratio = (fp32[0]["socket_worker0_sent_bytes_per_step"]
+             / signum[0]["socket_worker0_sent_bytes_per_step"])
+    return Headline(
+        "signum-mwms", f"{_x(ratio)} fewer bytes, {_points(points)} points (mean of "
+        f"{len(signum)} seeds)",
+        [POWERSGD.format(key) for key in POWERSGD_SEEDS]
+        + [SIGNUM.format(seed) for seed in range(len(fp32))], True)
+
+
 # --- accuracy of longer runs (recorded) ------------------------------------------------
 
 LONG = "benchmarks/recorded/long_runs.csv"
@@ -626,7 +646,7 @@ def fuzz_headline():
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + [demo_links_headline()] + local_steps_headlines()
-            + [powersgd_headline()]
+            + [powersgd_headline(), signum_headline()]
             + accuracy_headlines() + wire_headlines() + entropy_headlines()
             + [codec_demo_headline(), bench_codecs_headline(), codec_speed_headline(),
                pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]

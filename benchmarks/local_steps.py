@@ -135,8 +135,9 @@ def main(argv=None):
         keep = ("config", "command", "test_accuracy", "final_train_loss", "step_time_s",
                 "train_time_s", "socket_worker0_sent_bytes_per_step",
                 "socket_worker0_received_bytes_per_step", "push_bytes_per_step",
-                "push_dense_bytes_per_step", "lr_scaled", "local_steps", "outer_optimizer",
-                "dataset", "substitute_for", "parameters", "steps", "bandwidth")
+                "push_dense_bytes_per_step", "lr_scaled", "momentum", "local_steps",
+                "outer_optimizer", "dataset", "substitute_for", "parameters", "steps",
+                "bandwidth")
         with open(args.out, "w") as f:
             json.dump([{k: s.get(k) for k in keep} for s in summaries], f, indent=1)
     return 0
