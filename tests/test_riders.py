@@ -165,20 +165,6 @@ def test_a_run_of_statistics_updates_folds_into_one(small_compression, exact):
     assert rider.dense_nbytes() == 20
 
 
-def test_an_update_folded_several_times_at_once_is_the_update_made_that_often():
-    rng = np.random.default_rng(1)
-    state = tf.constant(rng.uniform(0, 1, size=4), tf.float32)
-    update = moving_statistics.StatisticsUpdate(
-        "/device:CPU:0", [(_statistic([0.0, 0.0, 0.0]), tf.constant(rng.normal(size=3),
-                                                                  tf.float32))],
-        tf.constant([0.1, 1.0]))
-    one_by_one = state
-    for _ in range(16):
-        one_by_one = update.fold(one_by_one)
-    np.testing.assert_allclose(update.fold(state, times=16).numpy(), one_by_one.numpy(),
-                               rtol=1e-5)
-
-
 def test_updates_ride_only_in_a_collecting_step_of_their_graph():
     variable = _statistic([1.0, 2.0])
     rates = tf.constant([0.5, 1.0])

@@ -228,11 +228,9 @@ class StatisticsUpdate(riders.Rider):
     def state_size(self):
         return self.values.shape.num_elements() + 1
 
-    def fold(self, state, times=1):
+    def fold(self, state):
         decay, applies = tf.unstack(tf.cast(self.rates, tf.float32))
         decay = decay * tf.cast(applies > 0, tf.float32)
-        if times != 1:  # the same x, `times` times: one update of decay 1 - (1 - d)^times
-            decay = 1.0 - (1.0 - decay) ** times
         moved, stepped = state[:-1], state[-1:]
         return tf.concat([(1.0 - decay) * moved + decay * tf.cast(self.values, tf.float32),
                           1.0 - (1.0 - decay) * (1.0 - stepped)], axis=0)

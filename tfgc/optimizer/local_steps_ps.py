@@ -17,15 +17,11 @@ worker's step k (its own count, `CompressedPulls.local_step`):
                         and the copy returns to the anchor, which is what the server's
                         snapshot of it holds, so the next pull brings the master's change
 
-The servers' batch-norm statistics (`tfgc.moving_statistics`) are the masters': a
-round's first step runs its forward pass on the master it just pulled, so its batch
-statistics are the master's, and that step's update, made as if for each of the round's
-H steps (decay 1 - (1 - d)^H, so that the moving average forgets at the rate of the
-steps), is the one the worker sends, in the meeting's message (held in a per-worker
-state until then). The other steps' batch statistics are of the worker's copy, which
-drifts from the master as H grows (at H = 16 on ResNet-20 the servers' weights tested
-at 0.23 with the copies' statistics, 0.58 with batch statistics); they stay on the
-worker. With H = 1 every step is a round's first.
+The step's batch-norm statistics updates for the servers (`tfgc.moving_statistics`)
+wait on the worker too: each step folds them into a per-worker state, and the meeting's
+message carries the one update they compose to, which leaves each server's statistics
+as the worker's updates one after another would have (between meetings a server's
+statistics are those of the workers' last meetings).
 
 Workers meet asynchronously, as ParameterServerStrategy's workers push gradients: each
 meeting applies that worker's share at once (there is no mean to wait for), so W
@@ -183,7 +179,7 @@ class ServerMeetings:
         if every == 1:
             on_servers, writes = self._meet(optimizer.encoder, deltas), []
         else:
-            on_servers, writes = self._meet_when_due(round_start, meeting, deltas)
+            on_servers, writes = self._meet_when_due(meeting, deltas)
             on_servers += self._send_riders()
             writes += [a.assign(anchor) for a, anchor in zip(self.anchors, anchors)]
         # The optimizer's step count, on a server, follows the servers' part of the step;
@@ -213,7 +209,7 @@ class ServerMeetings:
         step = -gradient * rate + momentum * velocity if optimizer.nesterov else velocity
         return copy + step, velocity
 
-    def _meet_when_due(self, round_start, meeting, deltas):
+    def _meet_when_due(self, meeting, deltas):
         """`_meet` when `meeting`, in branches; returns (the servers' ops, the worker's
         residual writes).
 
@@ -229,7 +225,7 @@ class ServerMeetings:
         keys = list(residuals)
         olds = [residuals[key].read_value() for key in keys]
         destinations = list(dict.fromkeys(master.device for _, master in deltas))
-        carried, folding = self._fold_riders(round_start, meeting, destinations)
+        carried, folding = self._fold_riders(meeting, destinations)
         packed = {}
 
         def encode():
@@ -258,11 +254,9 @@ class ServerMeetings:
                     tf.no_op))
         return met, folding + [residuals[key].assign(new) for key, new in zip(keys, news)]
 
-    def _fold_riders(self, round_start, meeting, destinations):
-        """Folds the round's first step's riders that fold (batch-norm statistics, those
-        of the master: see the module doc), each made as if H times, into the round's
-        state on the worker (`tfgc.wire.riders`), sent when it meets; the other steps'
-        are dropped.
+    def _fold_riders(self, meeting, destinations):
+        """Folds this step's riders that fold (batch-norm statistics) into the round's
+        state on the worker (`tfgc.wire.riders`), sent when it meets.
 
         Returns:
           ({destination: riders that make the round's updates}, for the meeting's
@@ -282,8 +276,7 @@ class ServerMeetings:
             raise RuntimeError(f"a step made riders of sizes {sizes} where the first "
                                f"step's were {self._round_rider_sizes}")
         olds = tf.split(tf.convert_to_tensor(self._round_riders), sizes)
-        news = [tf.where(round_start, rider.fold(old, times=self.optimizer.local_steps), old)
-                for (_, rider), old in zip(taken, olds)]
+        news = [rider.fold(old) for (_, rider), old in zip(taken, olds)]
         carried = {}
         for (device, rider), new in zip(taken, news):
             carried.setdefault(device, []).append(rider.folded(new))

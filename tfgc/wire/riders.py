@@ -69,9 +69,9 @@ class Rider(abc.ABC):
         """Elements of the float32 state a run of these updates folds into."""
         raise NotImplementedError(f"{type(self).__name__} does not fold")
 
-    def fold(self, state, times=1):
-        """The state after this update made `times` times in a row, from `state`, the
-        one of the updates before it (zeros: none yet); made on the worker."""
+    def fold(self, state):
+        """The state after this update, from `state`, the one of the updates before it
+        (zeros: none yet); made on the worker."""
         raise NotImplementedError(f"{type(self).__name__} does not fold")
 
     def folded(self, state):
