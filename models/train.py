@@ -418,6 +418,13 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     test_ds = workload.test_dataset()
     if args.strategy == "mwms":
         test_ds = test_ds.with_options(options)
+    if args.recompute_statistics:
+        # Tested with the statistics training kept too, for the record; then recomputed
+        # at the workers' batch size, the one their batch statistics were taken at.
+        summary["test_accuracy_kept_statistics"] = float(
+            test_model.evaluate(test_ds, verbose=0)[1])
+        summary["recomputed_statistics_batches"] = tfgc.recompute_statistics(
+            test_model, workload.train_dataset(args.batch_size), args.recompute_statistics)
     test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
     summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
     return rows
@@ -550,6 +557,14 @@ def main(argv=None):
     args.lr = workloads.default_lr(args.model) if args.lr is None else args.lr
     if args.momentum is None:
         args.momentum = default_momentum(args.compression)
+    if args.recompute_statistics is None:
+        args.recompute_statistics = (
+            10 if args.local_steps > 1 and args.strategy in ("ps", "local") else 0)
+    if args.recompute_statistics < 0:
+        parser.error("--recompute-statistics must be >= 0")
+    if args.recompute_statistics and args.strategy == "mwms":
+        parser.error("--recompute-statistics under --strategy mwms is not built (the test "
+                     "runs on the distributed model there)")
     if args.name is None:
         dataset = os.path.basename(args.dataset.rpartition(":")[2])
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")

@@ -149,6 +149,12 @@ def build_parser():
     add("--outer-optimizer", choices=("nesterov", "average"), default="nesterov",
         help="with --local-steps: nesterov (DiLoCo's: --outer-lr, --outer-momentum) or "
              "average (every copy becomes the replicas' mean, 3LC's local-steps baseline)")
+    add("--recompute-statistics", type=int, default=None, metavar="BATCHES",
+        help="before the test, set the batch norms' moving statistics to the mean of "
+             "their batch statistics over this many training batches with the trained "
+             "weights (tfgc.recompute_statistics; --strategy ps or local). Default: 10 "
+             "with --local-steps under those strategies, else 0 (the statistics training "
+             "kept)")
     add("--outer-lr", type=float, default=0.7, help="the nesterov outer learning rate")
     add("--outer-momentum", type=float, default=0.9, help="the nesterov outer momentum")
     add("--min-elements", type=int, default=1024,

@@ -14,6 +14,7 @@ from tfgc.optimizer import (
 from tfgc.moving_statistics import batch_norm_on_server
 from tfgc.trainer import fit_on_parameter_servers
 from tfgc.pulls import compressed_pulls, get_variable
+from tfgc.recomputed_statistics import recompute_statistics
 
 # Saved models compiled with a DistributedOptimizer load wherever tfgc is imported.
 register_tf_keras_optimizers()
@@ -21,7 +22,8 @@ register_keras_optimizers()
 
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "ResidualFeedback", "DistributedOptimizer",
-    "get_variable", "compressed_pulls", "batch_norm_on_server", "fit_on_parameter_servers",
+    "get_variable", "compressed_pulls", "batch_norm_on_server", "recompute_statistics",
+    "fit_on_parameter_servers",
     "BoundedAdam", "OuterSGD", "cluster", "mqgrad",
 ]
 
