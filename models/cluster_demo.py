@@ -147,6 +147,14 @@ def _first_epoch(summary, base):
             f"({summary['first_epoch_s'] / base['first_epoch_s']:.2f}x)")
 
 
+def _test_accuracy(summary):
+    """The test accuracy; with recomputed batch-norm statistics, also the one with the
+    statistics training kept."""
+    kept = summary.get("test_accuracy_kept_statistics")
+    text = f"{summary['test_accuracy']:.4f}"
+    return text if kept is None else f"{text} (kept statistics: {kept:.4f})"
+
+
 def results_table(summaries):
     """A Markdown table of the runs; ratios against the first run (fp32 in `make demo`) on
     the same link."""
@@ -161,7 +169,7 @@ def results_table(summaries):
         b = base[s["link"]]
         up, down = s["socket_worker_to_ps_bytes_per_step"], s["socket_ps_to_worker_bytes_per_step"]
         lines.append(
-            f"| {s['link']} | {_label(s)} | {s['test_accuracy']:.4f} "
+            f"| {s['link']} | {_label(s)} | {_test_accuracy(s)} "
             f"| {s['final_train_loss']:.3f} | {_mb(up)} | {_mb(down)} "
             f"| {b['socket_worker_to_ps_bytes_per_step'] / up:.1f}x "
             f"| {b['socket_ps_to_worker_bytes_per_step'] / down:.1f}x "

@@ -248,6 +248,9 @@ def test_parser_rejects_what_a_model_cannot_do(capsys):
     with pytest.raises(SystemExit):
         train.main(["--local-steps", "4", "--pull-compression", "threelc"])
     assert "in one process is not built yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--strategy", "mwms", "--recompute-statistics", "4"])
+    assert "--recompute-statistics under --strategy mwms is not built" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -331,6 +334,10 @@ def test_local_steps_run_pushes_at_meetings(tmp_path):
         assert dense == pytest.approx(summary["parameters"], rel=0.01)
         assert 0 < float(row["push_bytes"]) < dense / 10
     assert 0.0 <= summary["test_accuracy"] <= 1.0
+    # Tested with batch-norm statistics recomputed for the averaged weights, and with
+    # those training kept.
+    assert summary["recomputed_statistics_batches"] == 10
+    assert 0.0 <= summary["test_accuracy_kept_statistics"] <= 1.0
 
 
 @pytest.mark.slow
