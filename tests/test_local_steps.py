@@ -387,6 +387,10 @@ PS_COORDINATOR = cluster_scripts.script(
             result["eval_accuracy"] = model.evaluate(
                 tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(256), steps=4,
                 verbose=0, return_dict=True)["accuracy"]
+            # Statistics recomputed on the coordinator, from the servers' weights, into
+            # the servers' variables.
+            result["recomputed"] = tfgc.recompute_statistics(model, dataset, batches=2)
+            result["statistics"] = [w.tolist() for w in model.get_weights()[2:4]]
     send_report(result)
     """
 )
@@ -449,6 +453,13 @@ def test_parameter_server_workers_train_their_copies_and_meet_every_h_steps(run_
     assert local["traffic"]["push_bytes"] < meetings * (kernel_values / 4 + 2 * small_values)
     # And the workers learn.
     assert local["loss"][-1] < 1.5, local["loss"]
+    # recompute_statistics on the coordinator: the first batch norm's statistics are the
+    # mean of the first two batches' (batch variances without Bessel's correction).
+    assert local["recomputed"] == 2
+    np.testing.assert_allclose(local["statistics"][0], x[:64].reshape(2, 32, 64).mean(1).mean(0),
+                               rtol=0, atol=1e-5)
+    np.testing.assert_allclose(local["statistics"][1], x[:64].reshape(2, 32, 64).var(1).mean(0),
+                               rtol=0, atol=1e-5)
     assert local["eval_accuracy"] > 0.5, local  # of 10 classes
 
 
