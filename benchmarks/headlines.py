@@ -211,10 +211,35 @@ def local_steps_headlines():
         [LOCAL_STEPS.format("10mbit")], True))
     heads.append(local_steps_ps_headline())
     heads.append(local_steps_ps_bytes_headline())
+    heads.append(local_steps_ps_accuracy_headline())
     return heads
 
 
 LOCAL_STEPS_PS = "benchmarks/data/local_steps/ps_10mbit/summaries.json"
+LOCAL_STEPS_PS_RECOMPUTED = ("benchmarks/data/local_steps/ps_recomputed_statistics/"
+                             "{}summaries.json")
+LOCAL_STEPS_PS_SEEDS = ("", "seed1/", "seed2/")
+
+
+def local_steps_ps_accuracy_headline():
+    """Local steps under parameter servers on loopback (raw, models.cluster_demo, 3
+    seeds): test accuracy against fp32 with batch-norm statistics recomputed, and with
+    those training kept."""
+    runs = [{(s["compression"], s.get("local_steps", 1)): s
+             for s in read_json(LOCAL_STEPS_PS_RECOMPUTED.format(key)) if s["link"] == "loopback"}
+            for key in LOCAL_STEPS_PS_SEEDS]
+    parts = []
+    for steps in (4, 8, 16):
+        points = {key: np.mean([100 * (seed[(THREELC, steps)][key]
+                                       - seed[("none", 1)]["test_accuracy"]) for seed in runs])
+                  for key in ("test_accuracy", "test_accuracy_kept_statistics")}
+        parts.append(f"H={steps} {_points(points['test_accuracy'])} "
+                     f"({_points(points['test_accuracy_kept_statistics'])} kept)")
+    return Headline(
+        "local-steps-ps-accuracy", ", ".join(parts) + f" points against fp32 (mean of "
+        f"{len(runs)} seeds, statistics recomputed; kept: as training left them)",
+        [LOCAL_STEPS_PS_RECOMPUTED.format(key) for key in LOCAL_STEPS_PS_SEEDS], True)
+
 
 
 def local_steps_ps_headline():
