@@ -241,7 +241,6 @@ def local_steps_ps_accuracy_headline():
         [LOCAL_STEPS_PS_RECOMPUTED.format(key) for key in LOCAL_STEPS_PS_SEEDS], True)
 
 
-
 def local_steps_ps_headline():
     """Local steps under parameter servers at 10 Mbit/s (raw, models.cluster_demo): each
     run's step-time speedup over fp32 and its share of the zero-cost bound (fp32's step

@@ -293,7 +293,7 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         model.compile(optimizer, workload.loss(), metrics=workload.metrics())
     summary["parameters"] = int(model.count_params())
     summary["lr_scaled"] = args.lr * lr_scale
-    summary["momentum"] = args.momentum
+    summary["momentum"] = optimizer.get_config().get("momentum")  # SGD's (None: not SGD)
     summary["error_feedback"] = bool(optimizer.error_feedback)
     # The local cluster's workers read the training set from a file in `out` rather than
     # receive it from this process over the (possibly emulated, slow) link.
