@@ -455,6 +455,9 @@ print(json.dumps(info))
 def test_bandwidth_emulation_shapes_links_in_private_namespaces(tmp_path):
     script = tmp_path / "throughput.py"
     script.write_text(THROUGHPUT)
+    # Namespaces a dead launcher left are removed when a network is set up: gone before
+    # the snapshot, so that what this cluster leaves is compared with what was there.
+    netem.remove_stale_namespaces()
     before_ns = set(netem.netns_list())
     before_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     with cluster.LocalCluster(num_ps=0, num_workers=2, bandwidth="20mbit") as c:
