@@ -31,7 +31,8 @@ def recompute_statistics(model, data, batches=10):
       batches: how many batches to average over.
 
     Returns:
-      The number of batches used (fewer than `batches` where `data` ends first).
+      The number of batches used (fewer than `batches` where `data` ends first); 0 for
+      a model without batch norms, which does not run.
 
     Raises:
       ValueError: `batches` < 1, or `data` has no batch.
