@@ -18,6 +18,7 @@ COORDINATOR = cluster_scripts.script(
     x = (data.images / 16.0).reshape(-1, 64).astype("float32")
     y = data.target
     name = sys.argv[1]
+    STATE = {"powersgd": "q", "signum": "momentum"}  # a bound codec's per-worker state
     tf_keras.mixed_precision.set_global_policy(sys.argv[2] if len(sys.argv) > 2 else "float32")
     with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
@@ -27,7 +28,8 @@ COORDINATOR = cluster_scripts.script(
                 tf_keras.layers.Dense(256, activation="relu", input_shape=(64,)),
                 tf_keras.layers.Dense(10), tf_keras.layers.Activation("linear", dtype="float32")])
             opt = tf_keras.optimizers.SGD(0.1)
-            codecs = {"threelc": tfgc.codecs.ThreeLC(1.0), "powersgd": tfgc.codecs.PowerSGD(2)}
+            codecs = {"threelc": tfgc.codecs.ThreeLC(1.0), "powersgd": tfgc.codecs.PowerSGD(2),
+                      "signum": tfgc.codecs.Signum(0.9)}
             if name in codecs:
                 opt = tfgc.DistributedOptimizer(opt, compression=codecs[name])
                 opt.build(model.trainable_variables)
@@ -42,10 +44,12 @@ COORDINATOR = cluster_scripts.script(
             "ps_to_worker": c.traffic_between("ps", "worker", rows=rows),
             "iterations": int(opt.iterations.numpy()),
             "counted": int(opt.traffic["push_bytes"].numpy()) if name != "none" else None,
-            # Where each codec keeps its sender's state (PowerSGD's warm start).
-            "state": sorted({"PerWorkerVariable" in [c.__name__ for c in type(q).__mro__]
-                             for q in [opt.codec_for(w).q for w in model.trainable_variables
-                                       if name == "powersgd" and len(w.shape) == 2]}),
+            # Where each codec keeps its sender's state (PowerSGD's warm start, Signum's
+            # momentum).
+            "state": sorted({"PerWorkerVariable" in [c.__name__ for c in type(v).__mro__]
+                             for v in [getattr(opt.codec_for(w), STATE[name])
+                                       for w in model.trainable_variables
+                                       if name in STATE and len(w.shape) == 2]}),
         }
     send_report(result)
     """
@@ -82,6 +86,22 @@ def test_parameter_servers_decode_powersgd_pushes_from_each_workers_warm_start(r
     payload = 4 * 2 * ((64 + 256) + (256 + 10)) + 2 * (256 + 10)
     assert report["iterations"] == steps
     assert report["state"] == [True]  # per-worker variables: read and written on each worker
+    assert report["counted"] == steps * payload
+    assert steps * payload <= report["worker_to_ps"] < steps * gradient_bytes / 6
+    assert report["loss"][-1] < report["loss"][0]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_servers_decode_signum_pushes_from_each_workers_momentum(run_report):
+    report = run_report(COORDINATOR, timeout=400, args=["signum"])
+    steps = 45
+    gradient_bytes = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    # Sign bits of both kernels, each with its length word and scale; the biases in
+    # float16 (below min_elements).
+    payload = (64 * 256 // 8 + 8) + (256 * 10 // 8 + 8) + 2 * (256 + 10)
+    assert report["iterations"] == steps
+    assert report["state"] == [True]  # per-worker momenta: each worker's own
     assert report["counted"] == steps * payload
     assert steps * payload <= report["worker_to_ps"] < steps * gradient_bytes / 6
     assert report["loss"][-1] < report["loss"][0]
