@@ -303,6 +303,34 @@ def decode_group(codec: Codec, payload: Payload, shapes: Sequence[Shape]) -> lis
     return split_flat(codec.decode_flat(payload, shapes), shapes)
 
 
+class PerVariableSettings(Codec):
+    """A codec's settings whose compressor keeps state per variable: `bind(variable)`
+    makes that compressor, and the settings themselves neither encode nor decode.
+
+    Subclasses set `state` (what each compressor keeps, for the error) and
+    `layer_class` (the name of the class `bind` returns).
+    """
+
+    state = "state"
+    layer_class = "layer"
+
+    def encode(self, x: tf.Tensor) -> Payload:
+        raise RuntimeError(
+            f"{self.name} keeps {self.state}: call codec.bind(variable) and use the "
+            f"returned {self.layer_class} (tfgc.DistributedOptimizer does this for you)")
+
+    def decode(self, payload: Payload, expected_shape: Optional[Shape] = None) -> tf.Tensor:
+        self.encode(None)
+
+
+def layer_name(prefix: str, variable, unnamed: str = "variable") -> str:
+    """A module name for `variable`'s compressor: `prefix`, "_", and the variable's
+    name (`unnamed` for an object without one) without its ":0", other characters than
+    letters and digits as "_"."""
+    variable_name = getattr(variable, "name", unnamed).split(":")[0]
+    return f"{prefix}_" + "".join(c if c.isalnum() else "_" for c in variable_name)
+
+
 class ReconstructingCodec(Codec):
     """A codec whose encoder computes the receiver's decoding as a by-product.
 

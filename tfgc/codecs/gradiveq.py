@@ -62,7 +62,7 @@ from tfgc.codecs.gradiveq_schedule import (  # noqa: F401  (PHASES: public)
 from tfgc.codecs.stochastic import QSGD, SeededQSGD
 
 
-class GradiVeQ(base.Codec):
+class GradiVeQ(base.PerVariableSettings):
     """GradiVeQ settings; `bind(variable)` makes the per-layer compressor.
 
     Args:
@@ -106,6 +106,8 @@ class GradiVeQ(base.Codec):
     summable = True
     #: Error feedback makes GradiVeQ diverge (see above); optimizers may skip it.
     supports_error_feedback = False
+    state = "a compressor per layer"
+    layer_class = "GradiVeQLayer"
 
     def __init__(
         self,
@@ -179,21 +181,8 @@ class GradiVeQ(base.Codec):
         shape = tf.TensorShape(variable.shape)
         if shape.rank != 4 or not shape.is_fully_defined():
             return identity.NoCompression()
-        if name is None:
-            name = "gradiveq_" + "".join(
-                c if c.isalnum() else "_" for c in getattr(variable, "name", "kernel").split(":")[0]
-            )
+        name = name or base.layer_name("gradiveq", variable, unnamed="kernel")
         return GradiVeQLayer(self, shape, name=name, topology=topology)
-
-    def encode(self, x: tf.Tensor) -> base.Payload:
-        raise RuntimeError(
-            "GradiVeQ keeps a compressor per layer: call codec.bind(variable) and use the "
-            "returned GradiVeQLayer (tfgc.DistributedOptimizer does this for you)"
-        )
-
-    def decode(self, payload: base.Payload,
-               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
-        self.encode(None)
 
 
 class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):

@@ -33,7 +33,7 @@ from tfgc.codecs import base, identity
 EPSILON = 1e-8
 
 
-class PowerSGD(base.Codec):
+class PowerSGD(base.PerVariableSettings):
     """PowerSGD settings; `bind(variable)` makes the per-variable compressor.
 
     Args:
@@ -50,6 +50,8 @@ class PowerSGD(base.Codec):
     """
 
     summable = True
+    state = "a warm start per variable"
+    layer_class = "PowerSGDLayer"
 
     def __init__(self, rank: int = 1, min_compression_rate: float = 2.0,
                  start_step: int = 0, seed: int = 0) -> None:
@@ -81,18 +83,9 @@ class PowerSGD(base.Codec):
         if self.matrix_shape(variable.shape) is None:
             return identity.NoCompression()
         variable_name = getattr(variable, "name", "variable").split(":")[0]
-        name = name or "powersgd_" + "".join(c if c.isalnum() else "_" for c in variable_name)
-        return PowerSGDLayer(self, variable.shape, name=name, topology=topology,
-                             salt=zlib.crc32(variable_name.encode()))
-
-    def encode(self, x: tf.Tensor) -> base.Payload:
-        raise RuntimeError(
-            "PowerSGD keeps a warm start per variable: call codec.bind(variable) and use "
-            "the returned PowerSGDLayer (tfgc.DistributedOptimizer does this for you)")
-
-    def decode(self, payload: base.Payload,
-               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
-        self.encode(None)
+        return PowerSGDLayer(self, variable.shape,
+                             name=name or base.layer_name("powersgd", variable),
+                             topology=topology, salt=zlib.crc32(variable_name.encode()))
 
 
 class PowerSGDLayer(tf.Module, base.Codec):

@@ -45,7 +45,7 @@ class ScaledSign(base.ReconstructingCodec):
 _FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
 
 
-class Signum(base.Codec):
+class Signum(base.PerVariableSettings):
     """Signum (Bernstein et al. 2018): the scaled sign of a momentum each sender keeps.
 
     Per variable the sender keeps m <- beta m + g (the heavy-ball momentum of SGD, so
@@ -72,6 +72,8 @@ class Signum(base.Codec):
 
     supports_error_feedback = False
     momentum_on_sender = True
+    state = "a momentum per variable"
+    layer_class = "SignumLayer"
 
     def __init__(self, momentum: float = 0.9) -> None:
         self.momentum = base.check_real(momentum, "Signum momentum")
@@ -84,18 +86,8 @@ class Signum(base.Codec):
     def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
              name: Optional[str] = None) -> "SignumLayer":
         """The `SignumLayer` that keeps `variable`'s momentum."""
-        variable_name = getattr(variable, "name", "variable").split(":")[0]
-        name = name or "signum_" + "".join(c if c.isalnum() else "_" for c in variable_name)
-        return SignumLayer(self, variable.shape, name=name, topology=topology)
-
-    def encode(self, x: tf.Tensor) -> base.Payload:
-        raise RuntimeError(
-            "Signum keeps a momentum per variable: call codec.bind(variable) and use the "
-            "returned SignumLayer (tfgc.DistributedOptimizer does this for you)")
-
-    def decode(self, payload: base.Payload,
-               expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
-        self.encode(None)
+        return SignumLayer(self, variable.shape, name=name or base.layer_name("signum", variable),
+                           topology=topology)
 
 
 class SignumLayer(tf.Module, ScaledSign):
