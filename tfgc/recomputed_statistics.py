@@ -39,7 +39,8 @@ def recompute_statistics(model, data, batches=10):
     """
     if batches < 1:
         raise ValueError(f"recompute_statistics needs batches >= 1, got {batches}")
-    norms = [layer for layer in _layers(model) if _is_batch_norm(layer)]
+    classes = _batch_norm_classes()
+    norms = [layer for layer in _layers(model) if isinstance(layer, classes)]
     if not norms:
         return 0
     momenta = [layer.momentum for layer in norms]
@@ -68,12 +69,12 @@ def _layers(layer):
         yield from _layers(sublayer)
 
 
-def _is_batch_norm(layer):
-    """A tf_keras or Keras 3 BatchNormalization (or a subclass)."""
+def _batch_norm_classes():
+    """BatchNormalization of tf_keras and of Keras 3, those installed."""
     classes = []
     for name in ("tf_keras", "keras"):
         try:
             classes.append(importlib.import_module(name).layers.BatchNormalization)
         except (ImportError, AttributeError):
             continue
-    return isinstance(layer, tuple(classes))
+    return tuple(classes)
