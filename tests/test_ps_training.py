@@ -76,32 +76,27 @@ def test_parameter_servers_receive_only_compressed_gradients(run_report):
     assert compressed["loss"][-1] < plain["loss"][-1] + 0.2
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
-def test_parameter_servers_decode_powersgd_pushes_from_each_workers_warm_start(run_report):
-    report = run_report(COORDINATOR, timeout=400, args=["powersgd"])
-    steps = 45
-    gradient_bytes = (64 * 256 + 256 + 256 * 10 + 10) * 4
-    # Rank 2: P and Q of both kernels in float32, the biases in float16 (below min_elements).
-    payload = 4 * 2 * ((64 + 256) + (256 + 10)) + 2 * (256 + 10)
-    assert report["iterations"] == steps
-    assert report["state"] == [True]  # per-worker variables: read and written on each worker
-    assert report["counted"] == steps * payload
-    assert steps * payload <= report["worker_to_ps"] < steps * gradient_bytes / 6
-    assert report["loss"][-1] < report["loss"][0]
+# Bytes a step pushes with codecs whose sender keeps per-worker state; the biases go in
+# float16 (below min_elements).
+STATEFUL_PAYLOADS = {
+    # Rank 2: P and Q of both kernels in float32.
+    "powersgd": 4 * 2 * ((64 + 256) + (256 + 10)) + 2 * (256 + 10),
+    # Sign bits of both kernels, each with its length word and scale.
+    "signum": (64 * 256 // 8 + 8) + (256 * 10 // 8 + 8) + 2 * (256 + 10),
+}
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_parameter_servers_decode_signum_pushes_from_each_workers_momentum(run_report):
-    report = run_report(COORDINATOR, timeout=400, args=["signum"])
+@pytest.mark.parametrize("name", sorted(STATEFUL_PAYLOADS))
+def test_parameter_servers_decode_pushes_from_each_workers_own_codec_state(run_report, name):
+    # PowerSGD's warm start, Signum's momentum: read and written on each worker.
+    report = run_report(COORDINATOR, timeout=400, args=[name])
     steps = 45
     gradient_bytes = (64 * 256 + 256 + 256 * 10 + 10) * 4
-    # Sign bits of both kernels, each with its length word and scale; the biases in
-    # float16 (below min_elements).
-    payload = (64 * 256 // 8 + 8) + (256 * 10 // 8 + 8) + 2 * (256 + 10)
+    payload = STATEFUL_PAYLOADS[name]
     assert report["iterations"] == steps
-    assert report["state"] == [True]  # per-worker momenta: each worker's own
+    assert report["state"] == [True]  # per-worker variables
     assert report["counted"] == steps * payload
     assert steps * payload <= report["worker_to_ps"] < steps * gradient_bytes / 6
     assert report["loss"][-1] < report["loss"][0]
