@@ -316,7 +316,10 @@ def test_pack_bits_matches_reference(rng, bits, n):
 
 
 @pytest.mark.parametrize("codes, bits, message", [
-    ([1, 4], 2, "code 1 is 4"), ([-1], 3, "code 0 is -1"), ([1], 0, r"bits must be in \[1, 8\]"),
+    ([1, 4], 2, "code 1 is 4"), ([-1], 3, "code 0 is -1"),
+    # Past the first 32 codes, which the AVX2 loops pack: their check, not the scalar one.
+    ([0] * 70 + [16] + [0] * 40, 4, "code 70 is 16"), ([0] * 40 + [-1] + [256] * 3, 8, "code 40 is -1"),
+    ([1], 0, r"bits must be in \[1, 8\]"),
     ([1], 9, r"bits must be in \[1, 8\]"), ([[1]], 1, "1-D"),
 ])
 def test_pack_bits_rejects_bad_codes_and_widths(codes, bits, message):

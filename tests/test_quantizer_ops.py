@@ -302,6 +302,76 @@ def test_magnitude_select_matches_the_reference(rng, size, non_finite_in_wanted)
             np.testing.assert_array_equal(kept.numpy(), x[keep])
 
 
+# From 2^20 values the AVX2 selection predicts the threshold from a strided sample and
+# reads the values once (falling back to the histograms where the sample misleads).
+BRACKETED_SIZE = (1 << 20) + 13
+
+
+def misleading_samples(rng, size):
+    """Tensors whose strided sample misses the values that decide the threshold: large
+    values everywhere but at multiples of the sample's stride, and ten huge ones."""
+    stride = size // 32768
+    period = np.where(np.arange(size) % stride == 0, 1e-6, 1.0).astype(np.float32)
+    spikes = values(rng, size)
+    spikes[rng.choice(size, 10, replace=False)] = 1e3
+    return [(period * rng.random(size)).astype(np.float32), spikes]
+
+
+@pytest.mark.parametrize("non_finite_in_wanted", [False, True])
+def test_magnitude_select_from_a_sample_matches_the_reference(rng, non_finite_in_wanted):
+    size = BRACKETED_SIZE
+    for x in layouts(rng, size) + misleading_samples(rng, size):
+        for wanted in (1, 10, size // 100, size // 20, size // 2, size):
+            keep = ref.magnitude_select(x, wanted, non_finite_in_wanted)
+            bitmap, kept, _ = tfgc_ops.magnitude_select(
+                x, wanted, non_finite_in_wanted=non_finite_in_wanted)
+            np.testing.assert_array_equal(bitmap.numpy(), np.packbits(keep))
+            np.testing.assert_array_equal(kept.numpy(), x[keep])
+
+
+_CODEC_LOOPS = """
+import sys
+import numpy as np
+import tfgc_ops
+data = np.load(sys.argv[1])
+x, big = data["x"], data["big"]
+out = {}
+for bits in (2, 4, 8):
+    for bucket in (7, 512):
+        norms = tfgc_ops.qsgd_norms(x, bucket)
+        out[f"qsgd{bits}_{bucket}"] = tfgc_ops.qsgd_encode(x, norms, [5, 6], bits, bucket).numpy()
+    out[f"pack{bits}"] = tfgc_ops.pack_bits(data["codes"] % 2**bits, bits).numpy()
+for name, t in (("x", x), ("big", big)):
+    for wanted in (1, t.size // 100, t.size // 20):
+        bitmap, kept, dense = tfgc_ops.magnitude_select(t, wanted)
+        indices = tfgc_ops.magnitude_select(t, wanted, positions="indices")[0]
+        out[f"select_{name}_{wanted}"] = np.concatenate(
+            [bitmap.numpy().view(np.uint8), kept.numpy().view(np.uint8),
+             dense.numpy().view(np.uint8), indices.numpy().view(np.uint8)])
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_codec_loops_capped_to_sse2_write_what_the_avx2_loops_write(rng, tmp_path, run_python):
+    # TFGC_CODEC_ISA=sse2 makes a process take the loops that CPUs without AVX2 run
+    # (QSGD's codes, 4- and 8-bit packing, the selection and its write pass): the same
+    # bytes as this process's loops, whichever those are.
+    x = values(rng, 100_003)
+    x[rng.random(x.size) < 0.01] = np.nan
+    big = values(rng, BRACKETED_SIZE)
+    codes = rng.integers(0, 256, 100_003).astype(np.int32)
+    np.savez(tmp_path / "data.npz", x=x, big=big, codes=codes)
+    capped = tmp_path / "capped.npz"
+    run_python(_CODEC_LOOPS, timeout=120, args=[tmp_path / "data.npz", capped],
+               env={"TFGC_CODEC_ISA": "sse2"})
+    own = tmp_path / "own.npz"
+    run_python(_CODEC_LOOPS, timeout=120, args=[tmp_path / "data.npz", own])
+    capped, own = np.load(capped), np.load(own)
+    assert sorted(capped.files) == sorted(own.files)
+    for name in own.files:
+        np.testing.assert_array_equal(capped[name], own[name], err_msg=name)
+
+
 def test_magnitude_select_takes_ties_in_position_order_and_never_zeros():
     x = np.array([0.0, -3.0, 1.0, 3.0, -0.0, 3.0, 2.0, np.nan], np.float32)
     indices = lambda wanted, **kw: tfgc_ops.magnitude_select(  # noqa: E731

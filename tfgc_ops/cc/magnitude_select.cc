@@ -2,12 +2,20 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <utility>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>  // part of every x86-64 CPU: no run-time dispatch needed
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>  // AVX2, used only where UseAvx2()
+#endif
+
+#include "cpu_isa.h"
 
 namespace tfgc {
 namespace magnitude_select {
@@ -22,6 +30,20 @@ constexpr int kLowShift = 10;                                 // then bits 10..1
 constexpr int kLowBins = 1 << kLowShift;
 constexpr uint32_t kLowMask = kLowBins - 1;
 constexpr uint32_t kBelowTopMask = (1u << kTopShift) - 1;
+
+// For each 8-bit mask, the lanes it sets in ascending order (the rest 0): a permutation
+// that moves a group's kept values to its front.
+constexpr struct CompressOrder {
+  uint8_t lanes[256][8];
+  constexpr CompressOrder() : lanes() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int slot = 0;
+      for (int lane = 0; lane < 8; ++lane) {
+        if (mask >> lane & 1) lanes[mask][slot++] = static_cast<uint8_t>(lane);
+      }
+    }
+  }
+} kCompressOrder;
 
 inline uint32_t Pattern(float v) {
   uint32_t bits;
@@ -44,10 +66,163 @@ int BinOfRank(const uint32_t* counts, int bins, int64_t rank, int64_t* above) {
   return 0;
 }
 
+// Sets selection->threshold and ties to those of the value of rank `rank` (>= 1, from
+// the top) among `found` values of top bin `top_bin`, given their low 20 bits.
+void FindInTopBin(const uint32_t* low_bits, int64_t found, int64_t rank, int top_bin,
+                  Selection* selection) {
+  std::array<uint32_t, kLowBins> middle{}, low{};
+  for (int64_t j = 0; j < found; ++j) ++middle[low_bits[j] >> kLowShift];
+  int64_t above_middle = 0, above_low = 0;
+  const int middle_bin = BinOfRank(middle.data(), kLowBins, rank, &above_middle);
+  const uint32_t middle_bits = static_cast<uint32_t>(middle_bin);
+  for (int64_t j = 0; j < found; ++j) {
+    low[low_bits[j] & kLowMask] += (low_bits[j] >> kLowShift) == middle_bits;
+  }
+  const int64_t low_rank = rank - above_middle;
+  const int low_bin = BinOfRank(low.data(), kLowBins, low_rank, &above_low);
+  selection->threshold = static_cast<uint32_t>(top_bin) << kTopShift |
+                         static_cast<uint32_t>(middle_bin) << kLowShift |
+                         static_cast<uint32_t>(low_bin);
+  selection->ties = low_rank - above_low;
+}
+
+#if defined(__x86_64__)
+
+// Below this many values the histograms' passes are cheap (the input sits in cache).
+constexpr int64_t kBracketMinValues = int64_t{1} << 20;
+constexpr int64_t kSampleSize = int64_t{1} << 15;
+
+// The selection, with AVX2, in one pass over x where a sample predicts the threshold:
+// the threshold's rank among a strided sample of patterns, with a margin of eight
+// standard deviations of a sampled rank, gives patterns lo <= hi; one pass counts the
+// values above hi (and the zeros and non-finite ones) and keeps the patterns in
+// [lo, hi], among which the histograms find the threshold. False (nothing set) where
+// the threshold was not in [lo, hi] or the candidates overflowed their room: then the
+// caller selects by the histograms of every value, so that the answer never depends on
+// the sample.
+__attribute__((target("avx2"))) bool SelectInBracket(const float* x, int64_t n, int64_t wanted,
+                                                     bool non_finite_in_wanted,
+                                                     std::vector<uint32_t>* scratch,
+                                                     Selection* selection) {
+  const int64_t stride = n / kSampleSize;
+  std::vector<uint32_t> sample(kSampleSize);
+  int64_t sample_non_finite = 0;
+  for (int64_t k = 0; k < kSampleSize; ++k) {
+    sample[k] = Pattern(x[k * stride]);
+    sample_non_finite += sample[k] >= kFirstNonFinite;
+  }
+  // The threshold's expected rank from the top of every pattern, non-finite included.
+  double rank = static_cast<double>(wanted);
+  if (!non_finite_in_wanted) rank += static_cast<double>(sample_non_finite) * stride;
+  const double sampled = rank / static_cast<double>(stride);
+  const double fraction = std::min(1.0, sampled / kSampleSize);
+  const double margin = 8.0 * std::sqrt(kSampleSize * fraction * (1.0 - fraction)) + 16.0;
+  // Sample ranks from the top, 1-based; a rank past either end leaves that side open.
+  const auto pattern_of_rank = [&](double r) {
+    const int64_t index = static_cast<int64_t>(r) - 1;
+    std::nth_element(sample.begin(), sample.begin() + index, sample.end(),
+                     std::greater<uint32_t>());
+    return sample[index];
+  };
+  const double high_rank = sampled - margin, low_rank = sampled + margin;
+  if (high_rank > kSampleSize) return false;  // nearly every value: the histograms' case
+  const uint32_t hi = std::min(kLargestFinite, high_rank < 1.0 ? kLargestFinite
+                                                                : pattern_of_rank(high_rank));
+  const uint32_t lo = std::max(1u, low_rank > kSampleSize ? 1u : pattern_of_rank(low_rank));
+  if (lo > hi) return false;
+
+  // Room for twice the expected candidates: more means the sample misled.
+  const int64_t expected = static_cast<int64_t>(2.0 * margin * stride);
+  const int64_t room = 2 * expected + 4096;
+  scratch->resize(static_cast<size_t>(room) + 8);
+  uint32_t* candidates = scratch->data();
+  int64_t found = 0;
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m256i above_hi = _mm256_set1_epi32(static_cast<int>(hi));
+  const __m256i below_lo = _mm256_set1_epi32(static_cast<int>(lo - 1));
+  const __m256i last_finite = _mm256_set1_epi32(static_cast<int>(kLargestFinite));
+  const __m256i zero = _mm256_setzero_si256();
+  // Per-lane counts, negated (a compare gives -1): each lane sees at most n / 8 values.
+  __m256i minus_above = zero, minus_zeros = zero, minus_non_finite = zero;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i p = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)),
+                                       magnitude);
+    const __m256i above = _mm256_cmpgt_epi32(p, above_hi);
+    minus_above = _mm256_add_epi32(minus_above, above);
+    minus_zeros = _mm256_add_epi32(minus_zeros, _mm256_cmpeq_epi32(p, zero));
+    minus_non_finite = _mm256_add_epi32(minus_non_finite, _mm256_cmpgt_epi32(p, last_finite));
+    const __m256i inside = _mm256_andnot_si256(above, _mm256_cmpgt_epi32(p, below_lo));
+    const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(inside)));
+    if (mask == 0) continue;
+    if (found > room) return false;
+    const __m256i order = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompressOrder.lanes[mask])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(candidates + found),
+                        _mm256_permutevar8x32_epi32(p, order));
+    found += __builtin_popcount(mask);
+  }
+  alignas(32) int32_t lanes[3][8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), minus_above);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), minus_zeros);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), minus_non_finite);
+  int64_t above = 0, zeros = 0, non_finite = 0;
+  for (int k = 0; k < 8; ++k) {
+    above -= lanes[0][k];
+    zeros -= lanes[1][k];
+    non_finite -= lanes[2][k];
+  }
+  for (; i < n; ++i) {
+    const uint32_t p = Pattern(x[i]);
+    above += p > hi;
+    zeros += p == 0;
+    non_finite += p > kLargestFinite;
+    if (p >= lo && p <= hi) {
+      if (found > room) return false;
+      candidates[found++] = p;
+    }
+  }
+  if (found > room) return false;
+
+  const int64_t nonzero_finite = n - zeros - non_finite;
+  if (non_finite_in_wanted) wanted -= non_finite;
+  wanted = std::min(std::max<int64_t>(wanted, 0), nonzero_finite);
+  const int64_t finite_above = above - non_finite;  // hi <= the largest finite pattern
+  if (wanted > 0 && !(finite_above < wanted && wanted <= finite_above + found)) return false;
+  selection->count = wanted + non_finite;
+  if (wanted == 0) {
+    selection->threshold = kLargestFinite;
+    return true;
+  }
+  // The candidates' top bins, then the bin of the wanted rank, as Select does for all.
+  std::array<uint32_t, kTopBins> top{};
+  for (int64_t j = 0; j < found; ++j) ++top[candidates[j] >> kTopShift];
+  int64_t above_top = 0;
+  const int64_t rank_in_bracket = wanted - finite_above;
+  const int top_bin = BinOfRank(top.data(), kFiniteTopBins, rank_in_bracket, &above_top);
+  int64_t in_bin = 0;
+  for (int64_t j = 0; j < found; ++j) {  // in place: in_bin <= j
+    const uint32_t p = candidates[j];
+    candidates[in_bin] = p & kBelowTopMask;
+    in_bin += (p >> kTopShift) == static_cast<uint32_t>(top_bin);
+  }
+  FindInTopBin(candidates, in_bin, rank_in_bracket - above_top, top_bin, selection);
+  return true;
+}
+
+#endif  // __x86_64__
+
 }  // namespace
 
 Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_wanted,
                  std::vector<uint32_t>* scratch) {
+#if defined(__x86_64__)
+  Selection bracketed;
+  if (n >= kBracketMinValues && UseAvx2() &&
+      SelectInBracket(x, n, wanted, non_finite_in_wanted, scratch, &bracketed)) {
+    return bracketed;
+  }
+#endif
   // Interleaved histograms: values of one exponent fall in few bins, and increments of
   // one bin would otherwise wait on each other.
   constexpr int kWays = 4;
@@ -106,7 +281,7 @@ Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_w
     selection.threshold = kLargestFinite;
     return selection;
   }
-  int64_t above_top = 0, above_middle = 0, above_low = 0;
+  int64_t above_top = 0;
   const int top_bin = BinOfRank(top.data(), kFiniteTopBins, wanted, &above_top);
 
   // The nonzero values of that bin, their low 20 bits (in any order: only histograms
@@ -138,20 +313,7 @@ Selection Select(const float* x, int64_t n, int64_t wanted, bool non_finite_in_w
   }
 #endif
   for (; next < n; ++next) keep_if_in_bin(next);
-  std::array<uint32_t, kLowBins> middle{}, low{};
-  for (int64_t j = 0; j < found; ++j) ++middle[candidates[j] >> kLowShift];
-  const int64_t middle_rank = wanted - above_top;
-  const int middle_bin = BinOfRank(middle.data(), kLowBins, middle_rank, &above_middle);
-  const uint32_t middle_bits = static_cast<uint32_t>(middle_bin);
-  for (int64_t j = 0; j < found; ++j) {
-    low[candidates[j] & kLowMask] += (candidates[j] >> kLowShift) == middle_bits;
-  }
-  const int64_t low_rank = middle_rank - above_middle;
-  const int low_bin = BinOfRank(low.data(), kLowBins, low_rank, &above_low);
-  selection.threshold = static_cast<uint32_t>(top_bin) << kTopShift |
-                        static_cast<uint32_t>(middle_bin) << kLowShift |
-                        static_cast<uint32_t>(low_bin);
-  selection.ties = low_rank - above_low;
+  FindInTopBin(candidates, found, wanted - above_top, top_bin, &selection);
   return selection;
 }
 
@@ -167,54 +329,87 @@ constexpr struct ReversedBytes {
   }
 } kReversed;
 
-// Write with the outputs chosen at compile time (bit 0: bitmap, 1: positions, 2: values,
-// 3: reconstruction), so that the loop tests none of them.
+// The write pass's state, with the outputs chosen at compile time (bit 0: bitmap, 1:
+// positions, 2: values, 3: reconstruction), so that no loop tests them. Values go
+// through `One` in position order, or in groups of eight free of ties through a vector
+// loop that stages what it keeps with `StageGroup`.
+template <int kOutputs>
+class Writing {
+ public:
+  static constexpr bool kBitmap = kOutputs & 1, kPositions = kOutputs & 2,
+                        kValues = kOutputs & 4, kReconstruction = kOutputs & 8,
+                        kList = kPositions || kValues;
+
+  Writing(const float* x, const Selection& selection, const Outputs& out)
+      : x_(x), threshold_(selection.threshold), ties_(selection.ties), out_(out) {}
+
+  // One value, in order: the only place that counts ties.
+  void One(int64_t i) {
+    const float v = x_[i];
+    const uint32_t p = Pattern(v);
+    const bool tie = p == threshold_;
+    ties_seen_ += tie;
+    const bool keep = (p > threshold_) | (tie & (ties_seen_ <= ties_));
+    if (kReconstruction) out_.reconstruction[i] = keep ? v : 0.0f;
+    if (kBitmap) {
+      byte_ = byte_ << 1 | static_cast<uint32_t>(keep);
+      if ((i & 7) == 7) out_.bitmap[i >> 3] = static_cast<uint8_t>(byte_);
+    }
+    if (kList) {
+      // Written always, kept only if selected (no branch on the data).
+      if (kPositions) staged_positions_[staged_] = static_cast<int32_t>(i);
+      if (kValues) staged_values_[staged_] = v;
+      staged_ += keep;
+      if (staged_ >= kStage) Flush();
+    }
+  }
+
+  // Room for a group of eight at the end of the stage (up to eight may be written,
+  // `kept` are kept).
+  int32_t* positions_slot() { return staged_positions_ + staged_; }
+  float* values_slot() { return staged_values_ + staged_; }
+  void Kept(int kept) {
+    staged_ += kept;
+    if (staged_ >= kStage) Flush();
+  }
+
+  // After the last value: the partial bitmap byte and whatever is staged.
+  void Finish(int64_t n) {
+    if (kBitmap && (n & 7) != 0) out_.bitmap[n >> 3] = static_cast<uint8_t>(byte_ << (8 - (n & 7)));
+    if (kList) Flush();
+  }
+
+ private:
+  // Selected positions and values collect in a small buffer, flushed when full; a group
+  // of eight may be written past kStage, hence the spare room.
+  static constexpr int kStage = 256;
+
+  void Flush() {
+    if (kPositions) std::copy(staged_positions_, staged_positions_ + staged_, out_.positions + written_);
+    if (kValues) std::copy(staged_values_, staged_values_ + staged_, out_.values + written_);
+    written_ += staged_;
+    staged_ = 0;
+  }
+
+  const float* x_;
+  const uint32_t threshold_;
+  const int64_t ties_;
+  const Outputs out_;
+  int64_t ties_seen_ = 0, written_ = 0;
+  uint32_t byte_ = 0;
+  int staged_ = 0;
+  int32_t staged_positions_[kStage + 8];
+  float staged_values_[kStage + 8];
+};
+
 template <int kOutputs>
 void WriteSome(const float* x, int64_t n, const Selection& selection, const Outputs& out) {
-  constexpr bool kBitmap = kOutputs & 1, kPositions = kOutputs & 2, kValues = kOutputs & 4,
-                 kReconstruction = kOutputs & 8, kList = kPositions || kValues;
-  // Selected positions and values collect in a small buffer with a spare slot (each value
-  // is written and kept only if selected), flushed when full.
-  constexpr int kStage = 256;
-  int32_t staged_positions[kStage + 1];
-  float staged_values[kStage + 1];
-  int staged = 0;
-  int64_t written = 0;
-  auto flush = [&]() {
-    if (kPositions) std::copy(staged_positions, staged_positions + staged, out.positions + written);
-    if (kValues) std::copy(staged_values, staged_values + staged, out.values + written);
-    written += staged;
-    staged = 0;
-  };
-  auto stage = [&](int64_t i, bool keep) {
-    if (kPositions) staged_positions[staged] = static_cast<int32_t>(i);
-    if (kValues) staged_values[staged] = x[i];
-    staged += keep;
-    if (staged == kStage) flush();
-  };
-  const uint32_t threshold = selection.threshold;
-  const int64_t ties = selection.ties;
-  int64_t ties_seen = 0;
-  uint32_t byte = 0;
-  // One value, in order: the only place that counts ties.
-  auto one = [&](int64_t i) {
-    const float v = x[i];
-    const uint32_t p = Pattern(v);
-    const bool tie = p == threshold;
-    ties_seen += tie;
-    const bool keep = (p > threshold) | (tie & (ties_seen <= ties));
-    if (kReconstruction) out.reconstruction[i] = keep ? v : 0.0f;
-    if (kBitmap) {
-      byte = byte << 1 | static_cast<uint32_t>(keep);
-      if ((i & 7) == 7) out.bitmap[i >> 3] = static_cast<uint8_t>(byte);
-    }
-    if (kList) stage(i, keep);
-  };
+  Writing<kOutputs> writing(x, selection, out);
   int64_t i = 0;
 #if defined(__SSE2__)
   // Eight values at a time; a group holding a value equal to the threshold goes through
-  // `one`, which keeps the ties in position order.
-  const __m128i thresholds = _mm_set1_epi32(static_cast<int>(threshold));
+  // `One`, which keeps the ties in position order.
+  const __m128i thresholds = _mm_set1_epi32(static_cast<int>(selection.threshold));
   const __m128i magnitude = _mm_set1_epi32(0x7FFFFFFF);
   for (; i + 8 <= n; i += 8) {
     const __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
@@ -223,27 +418,75 @@ void WriteSome(const float* x, int64_t n, const Selection& selection, const Outp
     const __m128i tied = _mm_or_si128(_mm_cmpeq_epi32(p0, thresholds),
                                       _mm_cmpeq_epi32(p1, thresholds));
     if (_mm_movemask_epi8(tied) != 0) {
-      for (int k = 0; k < 8; ++k) one(i + k);
+      for (int k = 0; k < 8; ++k) writing.One(i + k);
       continue;
     }
     // Patterns are below 2^31, so the signed comparison orders them.
     const __m128 keep0 = _mm_castsi128_ps(_mm_cmpgt_epi32(p0, thresholds));
     const __m128 keep1 = _mm_castsi128_ps(_mm_cmpgt_epi32(p1, thresholds));
-    if (kReconstruction) {
+    if (writing.kReconstruction) {
       _mm_storeu_ps(out.reconstruction + i, _mm_and_ps(v0, keep0));
       _mm_storeu_ps(out.reconstruction + i + 4, _mm_and_ps(v1, keep1));
     }
     unsigned mask = static_cast<unsigned>(_mm_movemask_ps(keep0) | _mm_movemask_ps(keep1) << 4);
-    if (kBitmap) out.bitmap[i >> 3] = kReversed.of[mask];
-    if (kList) {
-      for (; mask != 0; mask &= mask - 1) stage(i + __builtin_ctz(mask), true);
+    if (writing.kBitmap) out.bitmap[i >> 3] = kReversed.of[mask];
+    if (writing.kList) {
+      const int kept = __builtin_popcount(mask);
+      int32_t* positions = writing.positions_slot();
+      float* values = writing.values_slot();
+      for (int slot = 0; mask != 0; mask &= mask - 1, ++slot) {
+        if (writing.kPositions) positions[slot] = static_cast<int32_t>(i + __builtin_ctz(mask));
+        if (writing.kValues) values[slot] = x[i + __builtin_ctz(mask)];
+      }
+      writing.Kept(kept);
     }
   }
 #endif
-  for (; i < n; ++i) one(i);
-  if (kBitmap && (n & 7) != 0) out.bitmap[n >> 3] = static_cast<uint8_t>(byte << (8 - (n & 7)));
-  if (kList) flush();
+  for (; i < n; ++i) writing.One(i);
+  writing.Finish(n);
 }
+
+#if defined(__x86_64__)
+
+// WriteSome with AVX2: a group of eight free of ties is one compare, and its kept values
+// and positions are moved to the stage by one permutation each (no branch per value).
+template <int kOutputs>
+__attribute__((target("avx2"))) void WriteSomeAvx2(const float* x, int64_t n,
+                                                   const Selection& selection,
+                                                   const Outputs& out) {
+  Writing<kOutputs> writing(x, selection, out);
+  const __m256i thresholds = _mm256_set1_epi32(static_cast<int>(selection.threshold));
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256i p = _mm256_and_si256(_mm256_castps_si256(v), magnitude);
+    if (!_mm256_testz_si256(_mm256_cmpeq_epi32(p, thresholds), _mm256_cmpeq_epi32(p, p))) {
+      for (int k = 0; k < 8; ++k) writing.One(i + k);
+      continue;
+    }
+    const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(p, thresholds));
+    if (writing.kReconstruction) _mm256_storeu_ps(out.reconstruction + i, _mm256_and_ps(v, keep));
+    const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(keep));
+    if (writing.kBitmap) out.bitmap[i >> 3] = kReversed.of[mask];
+    if (writing.kList) {
+      const __m256i order = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompressOrder.lanes[mask])));
+      if (writing.kPositions) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(writing.positions_slot()),
+                            _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(i)), order));
+      }
+      if (writing.kValues) {
+        _mm256_storeu_ps(writing.values_slot(), _mm256_permutevar8x32_ps(v, order));
+      }
+      writing.Kept(__builtin_popcount(mask));
+    }
+  }
+  for (; i < n; ++i) writing.One(i);
+  writing.Finish(n);
+}
+
+#endif  // __x86_64__
 
 using Writer = void (*)(const float*, int64_t, const Selection&, const Outputs&);
 
@@ -253,6 +496,16 @@ constexpr std::array<Writer, sizeof...(kOutputs)> Writers(std::integer_sequence<
 }
 
 constexpr auto kWriters = Writers(std::make_integer_sequence<int, 16>());
+
+#if defined(__x86_64__)
+template <int... kOutputs>
+constexpr std::array<Writer, sizeof...(kOutputs)> WritersAvx2(
+    std::integer_sequence<int, kOutputs...>) {
+  return {&WriteSomeAvx2<kOutputs>...};
+}
+
+constexpr auto kWritersAvx2 = WritersAvx2(std::make_integer_sequence<int, 16>());
+#endif
 
 }  // namespace
 
@@ -305,6 +558,9 @@ void ExpandPositions(const int32_t* positions, int64_t count, const float* value
 void Write(const float* x, int64_t n, const Selection& selection, const Outputs& outputs) {
   const int which = (outputs.bitmap != nullptr) | (outputs.positions != nullptr) << 1 |
                     (outputs.values != nullptr) << 2 | (outputs.reconstruction != nullptr) << 3;
+#if defined(__x86_64__)
+  if (UseAvx2()) return kWritersAvx2[which](x, n, selection, outputs);
+#endif
   kWriters[which](x, n, selection, outputs);
 }
 

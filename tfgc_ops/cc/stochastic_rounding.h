@@ -4,7 +4,7 @@
 //
 // Draw j under seed (s0, s1): u_j = `Uniform(SeedKey(s0, s1), j)`, a counter-based
 // draw: a 32-bit mixing function of a Weyl sequence whose step and offset come from the
-// seed (four draws per SSE2 instruction sequence).
+// seed (four draws per SSE2 instruction sequence, eight per AVX2 one).
 //
 // QSGD (bits K, levels s = 2^(K-1) - 1, buckets of B values with norms N_b): value j of
 // bucket b has level l = min(floor(t) + [u_j < t - floor(t)], s) with
@@ -42,7 +42,7 @@ inline uint32_t Mix32(uint32_t x) {
 
 // The counter state of draw j: a Weyl sequence lo32(j) * g + c with the key's odd step
 // g = hi32(key) | 1 and offset c = lo32(key) + hi32(j) * 0x9E3779B9. All 32-bit, so
-// four draws fit one SSE2 register (QsgdEncode).
+// four draws fit one SSE2 register and eight one AVX2 register (QsgdEncode).
 inline uint32_t Step(uint64_t key) { return static_cast<uint32_t>(key >> 32) | 1u; }
 inline uint32_t Offset(uint64_t key, int64_t j) {
   return static_cast<uint32_t>(key) +

@@ -43,15 +43,15 @@ core_of() {
   case "$1" in
     fuzz_zero_run_*) echo "$CC_DIR/zero_run.cc $CC_DIR/zero_run_x86.cc" ;;
     fuzz_*keys) echo "$CC_DIR/key_packing.cc" ;;
-    fuzz_bit_packing) echo "$CC_DIR/bit_packing.cc" ;;
+    fuzz_bit_packing) echo "$CC_DIR/bit_packing.cc $CC_DIR/cpu_isa.cc" ;;
     fuzz_quartic_rans) echo "$CC_DIR/quartic_rans.cc" ;;
     fuzz_quartic_fold) echo "$CC_DIR/quartic_fold.cc" ;;
-    fuzz_stochastic_rounding) echo "$CC_DIR/stochastic_rounding.cc $CC_DIR/bit_packing.cc" ;;
-    fuzz_log_levels*) echo "$CC_DIR/log_levels.cc $CC_DIR/bit_packing.cc" ;;
+    fuzz_stochastic_rounding) echo "$CC_DIR/stochastic_rounding.cc $CC_DIR/bit_packing.cc $CC_DIR/cpu_isa.cc" ;;
+    fuzz_log_levels*) echo "$CC_DIR/log_levels.cc $CC_DIR/bit_packing.cc $CC_DIR/cpu_isa.cc" ;;
     fuzz_sign_bits) echo "$CC_DIR/sign_bits.cc" ;;
     fuzz_magnitude_filter) echo "$CC_DIR/magnitude_filter.cc" ;;
     fuzz_uniform_quantize) echo "$CC_DIR/uniform_quantize.cc" ;;
-    fuzz_magnitude_select) echo "$CC_DIR/magnitude_select.cc" ;;
+    fuzz_magnitude_select) echo "$CC_DIR/magnitude_select.cc $CC_DIR/cpu_isa.cc" ;;
     fuzz_row_sums) echo "$CC_DIR/row_sums.cc" ;;
     *) echo "run.sh: unknown target $1" >&2; return 1 ;;
   esac
