@@ -82,6 +82,9 @@ _NAMESPACE_TEST_MODULES = {"test_cluster", "test_isolation", "test_mqgrad",
                            "test_mqgrad_experiment", "test_tf_config_end_to_end"}
 
 
+# First: pytest-xdist's own hook of a worker reads the groups to name each test's
+# work unit (`--dist loadgroup`), and would otherwise run before this one.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs two workers), the cluster tests of
     `_NAMESPACE_TEST_MODULES` run one at a time, on one worker."""
@@ -90,3 +93,15 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("cluster") and item.module.__name__.split(".")[-1] \
                 in _NAMESPACE_TEST_MODULES:
             item.add_marker(pytest.mark.xdist_group("network-namespaces"))
+
+
+def pytest_runtest_setup(item):
+    """Fails a test of an xdist_group that pytest-xdist did not name after its group
+    under `--dist loadgroup` (pytest-xdist 3.8 cannot under pytest 9, which keeps node
+    ids elsewhere): the scheduler would have spread the group over the workers."""
+    if getattr(item.config.option, "loadgroup", False) and \
+            item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail(f"{item.nodeid} is in an xdist_group, but pytest-xdist did not group "
+                    f"it: this pytest ({pytest.__version__}) and pytest-xdist do not work "
+                    f"together; install the versions pyproject.toml's test extra names",
+                    pytrace=False)
