@@ -20,7 +20,8 @@ TensorFlow's runtime uses them for. From the worker to the server:
 and the same kinds the other way (the server's requests, the tensors it sends: the
 pull message, the statistics Keras reads).
 
-Per step = bytes / the function calls seen. It needs `strace` and the right to trace
+Per step = bytes / the steps of the function calls seen (--steps-per-execution each).
+It needs `strace` and the right to trace
 a child process (root, or ptrace_scope 0):
 
     python benchmarks/wire_breakdown.py --compression threelc:sparsity=1.0
@@ -263,8 +264,11 @@ def main(argv=None):
                         default="average",
                         help="with --local-steps: models.train --outer-optimizer (average, "
                              "as models.cluster_demo's local-steps runs)")
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="models.train --steps-per-execution: steps per function call")
     parser.add_argument("--warm-epochs", type=int, default=4,
-                        help="Keras epochs (of 10 steps) before tracing starts")
+                        help="Keras epochs (of 10 steps, or the first multiple of "
+                             "--steps-per-execution from 10) before tracing starts")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to trace")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--requests", action="store_true",
@@ -273,16 +277,20 @@ def main(argv=None):
     if shutil.which("strace") is None:
         sys.exit("wire_breakdown needs strace (apt-get install strace)")
     pull = args.pull_compression or args.compression
+    # Epochs of whole calls (10 steps, or the first multiple of N from 10), so that
+    # every call runs N steps.
+    epoch_steps = -(-10 // args.steps_per_execution) * args.steps_per_execution
     out = tempfile.mkdtemp(prefix="wire_breakdown_")
     command = [sys.executable, "-m", "models.train", "--strategy", "ps", "--ps", "1",
                "--workers", str(args.workers), "--model", args.model, "--dataset", args.dataset,
                "--train-limit", "4000", "--test-limit", "500", "--steps", "10000",
-               "--log-every", "10", "--compression", args.compression,
+               "--log-every", str(epoch_steps), "--compression", args.compression,
                # As make demo: decay applied on the server (an L2 term in the loss
                # would have fp32 read every kernel twice per step).
                "--weight-decay-mode", "optimizer",
                "--pull-compression", pull, "--local-steps", str(args.local_steps),
                "--outer-optimizer", args.outer_optimizer,
+               "--steps-per-execution", str(args.steps_per_execution),
                "--out", os.path.join(out, "run"),
                "--timeout", str(args.timeout)]
     print("[wire_breakdown]", " ".join(command[1:]), flush=True)
@@ -321,14 +329,18 @@ def main(argv=None):
     push_kinds, push_total, calls, handles = tally(pushed, device, push_edges)
     if not calls:
         sys.exit("no step was seen while tracing; trace longer (--seconds)")
+    handles_per_call = handles / calls
+    calls *= args.steps_per_execution  # from here on: steps
     pull_kinds, pull_total, _, _ = tally(pulled, device, pull_edges)
     print(f"\n{args.model}, --compression {args.compression} --pull-compression {pull}, "
           f"--local-steps {args.local_steps} ({args.outer_optimizer} meetings), "
+          f"--steps-per-execution {args.steps_per_execution}, "
           f"1 PS + {args.workers} worker(s); per step of worker 0, over {calls} steps "
-          f"({handles / calls:.0f} remote handles per function call)")
+          f"({handles_per_call:.0f} remote handles per function call)")
     summary = {"local_steps": args.local_steps, "outer_optimizer": args.outer_optimizer,
-               "calls": calls,
-               "handles_per_call": handles / calls}
+               "steps_per_execution": args.steps_per_execution,
+               "calls": calls // args.steps_per_execution, "steps": calls,
+               "handles_per_call": handles_per_call}
     for direction, kinds, total in (("worker 0 -> PS", push_kinds, push_total),
                                     ("PS -> worker 0", pull_kinds, pull_total)):
         print(f"\n{direction}\n\n| kind | messages / step | bytes / step | share |\n"

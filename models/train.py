@@ -290,7 +290,9 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
             optimizer.exclude_from_weight_decay(
                 var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
         optimizer.build(model.trainable_variables)  # compressed pulls start at build
-        model.compile(optimizer, workload.loss(), metrics=workload.metrics())
+        model.compile(optimizer, workload.loss(), metrics=workload.metrics(),
+                      steps_per_execution=args.steps_per_execution)
+    summary["steps_per_execution"] = args.steps_per_execution
     summary["parameters"] = int(model.count_params())
     summary["lr_scaled"] = args.lr * lr_scale
     summary["momentum"] = optimizer.get_config().get("momentum")  # SGD's (None: not SGD)
@@ -538,6 +540,12 @@ def main(argv=None):
                          f"quantize, not {args.compression!r}")
     if args.local_steps < 1:
         parser.error("--local-steps must be positive")
+    if args.steps_per_execution < 1:
+        parser.error("--steps-per-execution must be positive")
+    if args.steps_per_execution > 1 and args.strategy != "ps":
+        # The per-step records (loss, bytes, time per step) of the other strategies are
+        # written by batch callbacks, which would run once per execution.
+        parser.error("--steps-per-execution > 1 is built for --strategy ps only")
     if args.local_steps > 1 and args.strategy == "ps" and args.pull_compression == "none":
         parser.error("--local-steps under --strategy ps trains each worker's copy of the "
                      "model, its caches of compressed pulls: give --pull-compression")

@@ -155,6 +155,11 @@ def build_parser():
              "weights (tfgc.recompute_statistics; --strategy ps or local). Default: 10 "
              "with --local-steps under those strategies, else 0 (the statistics training "
              "kept)")
+    add("--steps-per-execution", type=int, default=1, metavar="N",
+        help="steps per call the coordinator sends a worker (Keras steps_per_execution; "
+             "--strategy ps). The call crosses once per N steps, but the loop's control "
+             "crosses to the servers every step: with --local-steps 8, N=8 sent more bytes "
+             "per step than N=1, not fewer (docs/results/local-steps.md)")
     add("--outer-lr", type=float, default=0.7, help="the nesterov outer learning rate")
     add("--outer-momentum", type=float, default=0.9, help="the nesterov outer momentum")
     add("--min-elements", type=int, default=1024,

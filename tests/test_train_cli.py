@@ -251,6 +251,12 @@ def test_parser_rejects_what_a_model_cannot_do(capsys):
     with pytest.raises(SystemExit):
         train.main(["--strategy", "mwms", "--recompute-statistics", "4"])
     assert "--recompute-statistics under --strategy mwms is not built" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--strategy", "mwms", "--steps-per-execution", "4"])
+    assert "--steps-per-execution > 1 is built for --strategy ps only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--strategy", "ps", "--steps-per-execution", "0"])
+    assert "--steps-per-execution must be positive" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [
