@@ -185,6 +185,22 @@ def test_local_steps_with_loss_scaling_is_not_built_yet():
             compression=codecs.ThreeLC(), local_steps=2)
 
 
+@pytest.mark.parametrize("inner, message", [
+    (lambda: tf_keras.optimizers.RMSprop(LR), "not yet for RMSprop"),
+    (lambda: tf_keras.optimizers.Adam(LR, amsgrad=True), "AMSGrad"),
+    (lambda: tf_keras.optimizers.AdamW(LR, clipnorm=1.0), "without clipnorm"),
+])
+def test_parameter_server_local_steps_refuse_inner_steps_tfgc_does_not_run(inner, message):
+    # Under ParameterServerStrategy tfgc runs the inner step on the worker itself.
+    from tfgc.optimizer import local_steps_ps
+
+    with pytest.raises(NotImplementedError, match=message):
+        local_steps_ps.check_inner_optimizer(inner())
+    for accepted in (tf_keras.optimizers.SGD(LR, momentum=0.9, nesterov=True),
+                     tf_keras.optimizers.Adam(LR), tf_keras.optimizers.AdamW(LR)):
+        local_steps_ps.check_inner_optimizer(accepted)
+
+
 MWMS_WORKER = cluster_scripts.script(
     """
     out_dir, names, steps = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
@@ -333,6 +349,13 @@ PS_COORDINATOR = cluster_scripts.script(
         "threelc_h4": (three, three, 4, tfgc.OuterSGD.averaging()),
         "powersgd_h4": (tfgc.codecs.PowerSGD(1), three, 4, tfgc.OuterSGD.averaging()),
     }
+    # DiLoCo's inner optimizer for the runs named adamw..., else SGD with momentum.
+    # Adam's epsilon at 1e-3: the biases before a batch norm have gradients that are 0
+    # but for float rounding, which a smaller epsilon would turn into steps of ~lr in a
+    # direction the rounding picks (different in two runs that round differently).
+    inner = (lambda: tf_keras.optimizers.AdamW(0.01, weight_decay=0.004, epsilon=1e-3)) \
+        if name.startswith("adamw") else (lambda: tf_keras.optimizers.SGD(0.05, momentum=0.9))
+    name = name.removeprefix("adamw_")
     codec, pull_codec, local_steps, outer = settings[name]
     with cluster.LocalCluster(num_ps=1, num_workers=workers, timeout_s=240) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
@@ -347,7 +370,7 @@ PS_COORDINATOR = cluster_scripts.script(
         small = {"small_compression": None} if name.startswith("fp32") else {}
         with strategy.scope():
             opt = tfgc.DistributedOptimizer(
-                tf_keras.optimizers.SGD(0.05, momentum=0.9), compression=codec,
+                inner(), compression=codec,
                 pull_compression=pull_codec, local_steps=local_steps, outer_optimizer=outer,
                 **small)
             model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -461,6 +484,22 @@ def test_parameter_server_workers_train_their_copies_and_meet_every_h_steps(run_
     np.testing.assert_allclose(local["statistics"][1], x[:64].reshape(2, 32, 64).var(1).mean(0),
                                rtol=0, atol=1e-5)
     assert local["eval_accuracy"] > 0.5, local  # of 10 classes
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_server_workers_take_adamw_steps_of_their_own(run_report):
+    # AdamW as the inner optimizer (DiLoCo's): one worker that meets with plain averaging
+    # every 4 steps takes the steps synchronous AdamW takes on the server, its moments
+    # per-worker variables and its bias correction counted in its own steps (here the
+    # optimizer's). A lost moment, a step counted from 0 or the decay applied twice
+    # would be off by ~1e-3 within these 16 steps.
+    runs = {name: run_report(PS_COORDINATOR, timeout=400, args=[name, "1", "8"])
+            for name in ("adamw_fp32", "adamw_fp32_average_h4")}
+    for plain, local in zip(runs["adamw_fp32"]["weights"],
+                            runs["adamw_fp32_average_h4"]["weights"]):
+        np.testing.assert_allclose(local, plain, rtol=0, atol=1e-4)
+    assert runs["adamw_fp32_average_h4"]["worker_steps"] == [16]
 
 
 @pytest.mark.cluster

@@ -7,7 +7,7 @@ worker's step k (its own count, `CompressedPulls.local_step`):
 
     k % H == 0          the step pulls (the master's change, compressed); the copy's
                         value then is the round's anchor
-    every step          copy <- SGD step(copy, gradient)          on the worker alone
+    every step          copy <- inner step(copy, gradient)        on the worker alone
     (k + 1) % H == 0    the worker pushes d = anchor - copy (compressed, with error
                         feedback) in one message to each server, which applies the
                         outer step to the master with the worker's share of the
@@ -32,12 +32,14 @@ step, pushed and applied to the master (with W workers, `OuterSGD(learning_rate=
 momentum=0)` applies each worker's step in full, as synchronous training does).
 
 The inner optimizer runs on the worker, where tfgc makes its step: tf_keras's SGD
-(momentum, Nesterov, weight decay, a learning-rate schedule of the optimizer's
-`iterations`, which count every worker's steps). Its momentum, the anchors and the
-residuals are per-worker variables, as the caches are; a restarted worker (or a resumed
-run) starts a round afresh: a full pull, its anchor from it, zero inner momentum. The
-outer momentum lives on the servers beside the masters and is checkpointed with the
-optimizer.
+(momentum, Nesterov), Adam or AdamW (DiLoCo's inner optimizer), with weight decay and a
+learning-rate schedule of the optimizer's `iterations`, which count every worker's
+steps. Adam's bias correction counts the worker's own steps: each worker runs an Adam
+of its own. The inner optimizer's slots (momentum, or Adam's moments), the anchors and
+the residuals are per-worker variables, as the caches are; a restarted worker (or a
+resumed run) starts a round afresh: a full pull, its anchor from it, zero slots and its
+step count at 0. The outer momentum lives on the servers beside the masters and is
+checkpointed with the optimizer.
 
 Branches: a meeting is two `tf.cond`s of the step, the worker's encoding and each
 server's decoding and outer step (see `ServerMeetings._meet_when_due`); a branch's
@@ -57,20 +59,84 @@ from tfgc.wire.wires import ParameterServerPush
 
 def check_inner_optimizer(optimizer):
     """Raises NotImplementedError unless `optimizer` (a tf_keras optimizer) is one whose
-    step tfgc runs on a worker: SGD without gradient clipping."""
+    step tfgc runs on a worker: SGD, Adam or AdamW, without gradient clipping (nor
+    AMSGrad)."""
     import tf_keras  # noqa: PLC0415
 
-    if not isinstance(optimizer, tf_keras.optimizers.SGD):
+    if not isinstance(optimizer, (tf_keras.optimizers.SGD, tf_keras.optimizers.Adam,
+                                  tf_keras.optimizers.AdamW)):
         raise NotImplementedError(
             "local_steps under ParameterServerStrategy runs the inner optimizer's step on "
-            "each worker, which tfgc does for tf_keras.optimizers.SGD (momentum, Nesterov, "
-            f"weight decay, schedules) only, not yet for {type(optimizer).__name__}")
+            "each worker, which tfgc does for tf_keras.optimizers.SGD, Adam and AdamW "
+            f"(weight decay, schedules) only, not yet for {type(optimizer).__name__}")
     clipping = {name: getattr(optimizer, name, None)
                 for name in ("clipnorm", "clipvalue", "global_clipnorm")}
     if any(value is not None for value in clipping.values()):
         raise NotImplementedError(
             "local_steps under ParameterServerStrategy does not clip gradients yet: make "
-            f"the SGD without {', '.join(k for k, v in clipping.items() if v is not None)}")
+            f"the optimizer without "
+            f"{', '.join(k for k, v in clipping.items() if v is not None)}")
+    if getattr(optimizer, "amsgrad", False):
+        raise NotImplementedError(
+            "local_steps under ParameterServerStrategy does not run AMSGrad's step yet: "
+            "make the Adam without amsgrad")
+
+
+class InnerSGD:
+    """tf_keras SGD's step on a worker's copy: its momentum (if any) a per-worker
+    variable per model variable."""
+
+    counts_steps = False
+
+    def __init__(self, optimizer, masters):
+        self.optimizer = optimizer
+        self.slots = ([[local_variable(zeros_of(m.shape, m.dtype),
+                                       f"inner_momentum/{_base_name(m)}", per_worker=True)]
+                       for m in masters] if optimizer.momentum else [[] for _ in masters])
+
+    def step(self, copy, gradient, rate, index, step_number):
+        """(the copy after the step, the new values of its slots `slots[index]`)."""
+        del step_number
+        if not self.slots[index]:
+            return copy - gradient * rate, []
+        momentum = tf.cast(self.optimizer.momentum, copy.dtype)
+        velocity = -gradient * rate + momentum * tf.convert_to_tensor(self.slots[index][0])
+        step = -gradient * rate + momentum * velocity if self.optimizer.nesterov else velocity
+        return copy + step, [velocity]
+
+
+class InnerAdam:
+    """tf_keras Adam's (and AdamW's) step on a worker's copy: its first and second
+    moments per-worker variables per model variable, bias-corrected with the worker's
+    own step number (each worker runs an Adam of its own)."""
+
+    counts_steps = True
+
+    def __init__(self, optimizer, masters):
+        self.optimizer = optimizer
+        self.slots = [[local_variable(zeros_of(m.shape, m.dtype), f"inner_{slot}/{_base_name(m)}",
+                                      per_worker=True) for slot in ("m", "v")]
+                      for m in masters]
+
+    def step(self, copy, gradient, rate, index, step_number):
+        """(the copy after the step, the new first and second moments)."""
+        optimizer, dtype = self.optimizer, copy.dtype
+        beta_1, beta_2 = tf.cast(optimizer.beta_1, dtype), tf.cast(optimizer.beta_2, dtype)
+        number = tf.cast(step_number, dtype)
+        alpha = rate * tf.sqrt(1 - tf.pow(beta_2, number)) / (1 - tf.pow(beta_1, number))
+        m, v = (tf.convert_to_tensor(slot) for slot in self.slots[index])
+        m = m + (gradient - m) * (1 - beta_1)
+        v = v + (tf.square(gradient) - v) * (1 - beta_2)
+        return copy - (m * alpha) / (tf.sqrt(v) + tf.cast(optimizer.epsilon, dtype)), [m, v]
+
+
+def inner_step(optimizer, masters):
+    """The worker's side of `optimizer`'s step (checked by `check_inner_optimizer`)."""
+    import tf_keras  # noqa: PLC0415
+
+    if isinstance(optimizer, tf_keras.optimizers.SGD):
+        return InnerSGD(optimizer, masters)
+    return InnerAdam(optimizer, masters)
 
 
 class ServerMeetings:
@@ -123,9 +189,7 @@ class ServerMeetings:
         self.anchors = [local_variable(zeros_of(m.shape, m.dtype),
                                        f"anchor/{_base_name(m)}", per_worker=True)
                         for m in self.masters] if optimizer.local_steps > 1 else None
-        self.velocities = ([local_variable(zeros_of(m.shape, m.dtype),
-                                           f"inner_momentum/{_base_name(m)}", per_worker=True)
-                            for m in self.masters] if optimizer.momentum else None)
+        self.inner = inner_step(optimizer, self.masters)
         outer = optimizer.outer_optimizer
         self._round_riders = self._round_rider_sizes = None  # made in the first step
         with created_by_name():  # reached by name on their servers (tfgc.server_variables)
@@ -163,17 +227,26 @@ class ServerMeetings:
             round_start = step_count % every == 0
             meeting = (step_count + 1) % every == 0
         rate = _compat.tf_keras_learning_rate_now(optimizer)
-        anchors, copies, velocities = [], [], []
+        # This worker's step, counted from 1 (Adam's bias correction); with a meeting
+        # every step, the optimizer's count (read only where it is used: it lives on a
+        # server).
+        step_number = None
+        if self.inner.counts_steps:
+            step_number = (optimizer.iterations if every == 1 else step_count) + 1
+        anchors, copies, slot_values = [], [], []
         for index, (gradient, variable) in enumerate(zip(gradients, self.variables)):
             copy = tf.convert_to_tensor(variable)  # the cache, after this step's pull
             gradient = tf.zeros_like(copy) if gradient is None else gradient
             anchor = (copy if every == 1 else
                       tf.where(round_start, copy, tf.convert_to_tensor(self.anchors[index])))
-            new_copy, velocity = self._sgd(variable, copy, tf.convert_to_tensor(gradient),
-                                           tf.cast(rate, copy.dtype), index)
+            rate_here = tf.cast(rate, copy.dtype)
+            if _compat.tf_keras_uses_weight_decay(optimizer, variable.master):
+                copy = copy - copy * tf.cast(optimizer.weight_decay, copy.dtype) * rate_here
+            new_copy, values = self.inner.step(copy, tf.convert_to_tensor(gradient), rate_here,
+                                               index, step_number)
             anchors.append(anchor)
             copies.append(new_copy)
-            velocities.append(velocity)
+            slot_values.append(values)
         deltas = [(anchor - copy, master)
                   for anchor, copy, master in zip(anchors, copies, self.masters)]
         if every == 1:
@@ -189,25 +262,13 @@ class ServerMeetings:
             optimizer.iterations.assign_add(1)
         writes += [variable.cache.assign(tf.where(meeting, anchor, copy) if every > 1 else anchor)
                    for variable, anchor, copy in zip(self.variables, anchors, copies)]
-        if self.velocities is not None:
-            writes += [v.assign(velocity) for v, velocity in zip(self.velocities, velocities)]
+        writes += [slot.assign(value) for slots, values in zip(self.inner.slots, slot_values)
+                   for slot, value in zip(slots, values)]
         # After this step's pull has read the count (it reaches it through a handle of
         # its own, which TensorFlow's automatic ordering does not connect to this one).
         with tf.control_dependencies(copies):
             writes += [counter.assign(step_count + 1) for counter in self.counters]
         return tf.group(writes)
-
-    def _sgd(self, variable, copy, gradient, rate, index):
-        """(the copy after tf_keras SGD's step, the new inner momentum or None)."""
-        optimizer = self.optimizer
-        if _compat.tf_keras_uses_weight_decay(optimizer, variable.master):
-            copy = copy - copy * tf.cast(optimizer.weight_decay, copy.dtype) * rate
-        if self.velocities is None:
-            return copy - gradient * rate, None
-        momentum = tf.cast(optimizer.momentum, copy.dtype)
-        velocity = -gradient * rate + momentum * tf.convert_to_tensor(self.velocities[index])
-        step = -gradient * rate + momentum * velocity if optimizer.nesterov else velocity
-        return copy + step, velocity
 
     def _meet_when_due(self, meeting, deltas):
         """`_meet` when `meeting`, in branches; returns (the servers' ops, the worker's
