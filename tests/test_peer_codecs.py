@@ -56,6 +56,29 @@ def test_signum_sends_the_scaled_sign_of_its_momentum(rng):
     assert C.Signum.from_config(C.Signum(0.8).get_config()).momentum == 0.8
 
 
+def test_signum_majority_vote_takes_the_sign_of_the_senders_signs(rng):
+    summing, voting = bound(C.Signum(), [6]), bound(C.Signum(majority_vote=True), [6])
+    scales = np.float32([0.5, 2.0, 0.25])
+    signs = np.float32([[1, 1, -1, -1, 1, -1], [1, -1, -1, 1, 1, -1], [-1, 1, -1, -1, 1, 1]])
+    decodings = [tf.constant(sign * scale) for sign, scale in zip(signs, scales)]
+    # Two of three agree on every value but the fourth: the sign of the vote, times the
+    # scales' sum (what the sum gives where all agree, as on the fifth and third).
+    np.testing.assert_array_equal(voting.combine(decodings).numpy(),
+                                  np.sign(signs.sum(0)) * scales.sum())
+    np.testing.assert_array_equal(summing.combine(decodings).numpy(), (signs * scales[:, None]).sum(0))
+    tie = voting.combine([tf.constant([1.0, -1.0]), tf.constant([-2.0, -2.0])]).numpy()
+    np.testing.assert_array_equal(tie, [0.0, -3.0])
+    failed = voting.combine([tf.constant([1.0, -1.0]), tf.constant([np.nan, np.nan])]).numpy()
+    assert np.isnan(failed).all()  # a failed step fails the update
+    config = C.Signum(0.7, majority_vote=True).get_config()
+    assert C.Signum.from_config(config).majority_vote is True
+    with pytest.raises(TypeError, match="majority_vote must be a bool"):
+        C.Signum(majority_vote=1)
+    with pytest.raises(NotImplementedError, match="applies each worker's push alone"):
+        C.Signum(majority_vote=True).bind(tf.Variable(tf.zeros([4])),
+                                          Topology(parameter_server=True))
+
+
 def test_signum_keeps_its_momentum_through_a_non_finite_step(rng):
     layer = bound(C.Signum(), [300])
     layer.encode(rng.normal(size=[300]).astype(np.float32))
@@ -337,6 +360,11 @@ with strategy.scope():
     opt_s = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0),
                                       compression=tfgc.codecs.Signum(0.5), min_elements=10)
     opt_s.build([signum_kernel])
+    vote_kernel = tf.Variable(tf.zeros([50, 4]), name="vote_kernel")
+    opt_v = tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(1.0), compression=tfgc.codecs.Signum(0.5, majority_vote=True),
+        min_elements=10)
+    opt_v.build([vote_kernel])
 layers = [opt.codec_for(v) for v in variables]
 residuals = [opt.encoder.residual(v) for v in variables]
 
@@ -347,6 +375,7 @@ def step(gs, h, s):
         opt.apply_gradients([(tf.gather(g, r), v) for g, v in zip(gs, variables)])
         opt_k.apply_gradients([(tf.gather(h, r), sparse)])
         opt_s.apply_gradients([(tf.gather(s, r), signum_kernel)])
+        opt_v.apply_gradients([(tf.gather(s, r), vote_kernel)])
     strategy.run(fn)
 
 def replicas(v):
@@ -363,7 +392,7 @@ for t in range(6):
     gs = [rng.normal(size=(2,) + shape).astype(np.float32) for shape in shapes]
     h = rng.normal(size=(2, 400)).astype(np.float32)
     s = rng.normal(size=(2, 50, 4)).astype(np.float32)
-    before_s = signum_kernel.numpy()
+    before_s, before_v = signum_kernel.numpy(), vote_kernel.numpy()
     qs = [replicas(layer.q) for layer in layers]
     ms = [matrix(g, l) + matrix(np.stack(replicas(r)), l) for g, l, r in zip(gs, layers, residuals)]
     befores, before_k = [v.numpy() for v in variables], sparse.numpy()
@@ -375,6 +404,11 @@ for t in range(6):
                                   momenta)
     signs = np.where(momenta >= 0, 1.0, -1.0) * np.abs(momenta).mean(axis=(1, 2), keepdims=True)
     np.testing.assert_allclose(before_s - signum_kernel.numpy(), signs.sum(0), atol=1e-5)
+    # With the majority vote: the sign of the two replicas' signs (0 where they
+    # disagree), times their scales' sum.
+    vote = np.sign(np.sign(signs).sum(0)) * np.abs(momenta).mean(axis=(1, 2)).sum()
+    np.testing.assert_allclose(before_v - vote_kernel.numpy(), vote, atol=1e-5)
+    assert (vote == 0).any() and (vote != 0).any()
     for i, layer in enumerate(layers):
         q, m = qs[i], ms[i]
         assert np.array_equal(q[0], q[1])  # one warm start on every replica
@@ -400,6 +434,7 @@ assert int(opt.traffic["push_bytes"]) == 6 * 2 * 448, opt.traffic
 assert int(opt_k.traffic["push_bytes"]) == 6 * 2 * 80, opt_k.traffic
 # Signum, all-gathered: 200 sign bits (25 B) with their length word, and the scale.
 assert int(opt_s.traffic["push_bytes"]) == 6 * 2 * (25 + 4 + 4), opt_s.traffic
+assert int(opt_v.traffic["push_bytes"]) == 6 * 2 * (25 + 4 + 4), opt_v.traffic
 print("ok")
 """
 

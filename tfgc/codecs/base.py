@@ -183,6 +183,16 @@ class Codec(abc.ABC):
     def name(self) -> str:
         return type(self).__name__
 
+    def combine(self, decodings: Sequence[tf.Tensor]) -> tf.Tensor:
+        """What the replicas' decodings of an all-gathered payload add up to (every
+        replica decodes every replica's payload, in replica order): their sum, as an
+        all-reduce of the gradients would give. A codec that aggregates otherwise
+        (Signum's majority vote) overrides it."""
+        total = decodings[0]
+        for decoded in decodings[1:]:
+            total = total + decoded
+        return total
+
     @abc.abstractmethod
     def encode(self, x: tf.Tensor) -> Payload:
         """Compresses `x` into a payload (flat dict of tensors)."""

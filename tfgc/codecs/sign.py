@@ -51,8 +51,10 @@ class Signum(base.PerVariableSettings):
     Per variable the sender keeps m <- beta m + g (the heavy-ball momentum of SGD, so
     that at one learning rate this codec with momentum-free SGD steps as far as SGD with
     momentum beta would) and sends `ScaledSign` of m: sign(m) at one bit a value and the
-    scale ||m||_1 / n. The receivers average the senders' decodings (not the paper's
-    majority vote, which discards the scale).
+    scale ||m||_1 / n. The receivers sum the senders' decodings, or with
+    `majority_vote` take the paper's majority vote: the sign of the sum of the senders'
+    signs, times the sum of their scales (so that senders who agree give what the sum
+    would); a tie gives 0, and a NaN scale (a failed step) NaN.
 
     Wrap an optimizer without momentum of its own (the momentum is here, before the
     compression; `tfgc.DistributedOptimizer` warns otherwise). Signum keeps no residual
@@ -68,6 +70,10 @@ class Signum(base.PerVariableSettings):
     Args:
       momentum: beta, in [0, 1); 0 makes it `ScaledSign` without error feedback
         (signSGD with a scale).
+      majority_vote: combine the senders' signs by majority vote (Bernstein et al.
+        2019) under Mirrored/MultiWorkerMirroredStrategy, where every replica gathers
+        every replica's payload. Not under ParameterServerStrategy, where a server
+        applies each worker's push alone (NotImplementedError at `bind`).
     """
 
     supports_error_feedback = False
@@ -75,17 +81,29 @@ class Signum(base.PerVariableSettings):
     state = "a momentum per variable"
     layer_class = "SignumLayer"
 
-    def __init__(self, momentum: float = 0.9) -> None:
+    def __init__(self, momentum: float = 0.9, majority_vote: bool = False) -> None:
         self.momentum = base.check_real(momentum, "Signum momentum")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"Signum momentum must be in [0, 1), got {momentum!r}")
+        if not isinstance(majority_vote, bool):
+            raise TypeError(f"Signum majority_vote must be a bool, got {majority_vote!r}")
+        self.majority_vote = majority_vote
 
     def get_config(self):
-        return {"momentum": self.momentum}
+        return {"momentum": self.momentum, "majority_vote": self.majority_vote}
 
     def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
              name: Optional[str] = None) -> "SignumLayer":
-        """The `SignumLayer` that keeps `variable`'s momentum."""
+        """The `SignumLayer` that keeps `variable`'s momentum.
+
+        Raises:
+          NotImplementedError: majority_vote under ParameterServerStrategy.
+        """
+        if self.majority_vote and topology is not None and topology.parameter_server:
+            raise NotImplementedError(
+                "Signum's majority vote needs every worker's signs at once; under "
+                "ParameterServerStrategy a server applies each worker's push alone: use "
+                "Signum(majority_vote=False) there")
         return SignumLayer(self, variable.shape, name=name or base.layer_name("signum", variable),
                            topology=topology)
 
@@ -127,3 +145,12 @@ class SignumLayer(tf.Module, ScaledSign):
         with tf.control_dependencies([kept]):
             payload, sent = ScaledSign.encode_and_reconstruct(self, tf.cast(new, x.dtype))
         return payload, sent
+
+    def combine(self, decodings):
+        """The senders' decodings summed, or with `majority_vote` the sign of the sum of
+        their signs times the sum of their scales (each decoding is +-its scale)."""
+        if not self.settings.majority_vote:
+            return ScaledSign.combine(self, decodings)
+        votes = tf.add_n([tf.sign(decoded) for decoded in decodings])
+        scales = tf.add_n([tf.reduce_max(tf.abs(decoded)) for decoded in decodings])
+        return tf.sign(votes) * scales

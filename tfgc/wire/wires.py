@@ -323,11 +323,12 @@ class AllReduceWire(Wire):
 
     def _all_gather(self, context, bucket, grads_and_vars):
         """One fused message per replica for `bucket`, gathered; returns [(position,
-        sum of every replica's decoding, this replica's share of its message)]."""
+        every replica's decoding combined (`Codec.combine`: their sum, or a codec's own
+        rule), this replica's share of its message)]."""
         layout, message = Layout.pack([payload for _, payload in bucket])
         shares = layout.payload_nbytes([payload for _, payload in bucket])
         messages = all_gather_padded(context, message)
-        totals = [None] * len(bucket)
+        decodings = [[] for _ in bucket]
         for replica_message in messages:
             unpacked = layout.unpack(replica_message, name="all-gathered fused message")
             for i, ((position, _), payload) in enumerate(zip(bucket, unpacked)):
@@ -336,9 +337,14 @@ class AllReduceWire(Wire):
                                                 variable.shape)
                 if isinstance(decoded, tf.IndexedSlices):  # sparse codecs' (FastSGD)
                     decoded = tf.convert_to_tensor(decoded)
-                totals[i] = decoded if totals[i] is None else totals[i] + decoded
-        return [(position, total, share)
-                for (position, _), total, share in zip(bucket, totals, shares)]
+                decodings[i].append(decoded)
+        results = []
+        for (position, _), decoded, share in zip(bucket, decodings, shares):
+            codec = self.encoder.codec(grads_and_vars[position][1])
+            # A codec written without tfgc's base class sums.
+            combine = getattr(codec, "combine", None) or base.Codec.combine.__get__(codec)
+            results.append((position, combine(decoded), share))
+        return results
 
 
 def _summed_entries(payload):
