@@ -321,7 +321,7 @@ def misleading_samples(rng, size):
 def test_magnitude_select_from_a_sample_matches_the_reference(rng, non_finite_in_wanted):
     size = BRACKETED_SIZE
     for x in layouts(rng, size) + misleading_samples(rng, size):
-        for wanted in (1, 10, size // 100, size // 20, size // 2, size):
+        for wanted in (-3, 0, 1, 10, size // 100, size // 20, size // 2, size, size + 3):
             keep = ref.magnitude_select(x, wanted, non_finite_in_wanted)
             bitmap, kept, _ = tfgc_ops.magnitude_select(
                 x, wanted, non_finite_in_wanted=non_finite_in_wanted)

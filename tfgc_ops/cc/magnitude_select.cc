@@ -89,8 +89,16 @@ void FindInTopBin(const uint32_t* low_bits, int64_t found, int64_t rank, int top
 #if defined(__x86_64__)
 
 // Below this many values the histograms' passes are cheap (the input sits in cache).
-constexpr int64_t kBracketMinValues = int64_t{1} << 20;
-constexpr int64_t kSampleSize = int64_t{1} << 15;
+// The fuzz target sets both far lower, so that its small inputs reach this path.
+#ifndef TFGC_SELECT_BRACKET_MIN_VALUES
+#define TFGC_SELECT_BRACKET_MIN_VALUES (int64_t{1} << 20)
+#endif
+#ifndef TFGC_SELECT_SAMPLE_SIZE
+#define TFGC_SELECT_SAMPLE_SIZE (int64_t{1} << 15)
+#endif
+constexpr int64_t kBracketMinValues = TFGC_SELECT_BRACKET_MIN_VALUES;
+constexpr int64_t kSampleSize = TFGC_SELECT_SAMPLE_SIZE;
+static_assert(kSampleSize <= kBracketMinValues, "the sample's stride must be at least 1");
 
 // The selection, with AVX2, in one pass over x where a sample predicts the threshold:
 // the threshold's rank among a strided sample of patterns, with a margin of eight
@@ -115,17 +123,19 @@ __attribute__((target("avx2"))) bool SelectInBracket(const float* x, int64_t n, 
   double rank = static_cast<double>(wanted);
   if (!non_finite_in_wanted) rank += static_cast<double>(sample_non_finite) * stride;
   const double sampled = rank / static_cast<double>(stride);
-  const double fraction = std::min(1.0, sampled / kSampleSize);
+  const double fraction = std::clamp(sampled / kSampleSize, 0.0, 1.0);
   const double margin = 8.0 * std::sqrt(kSampleSize * fraction * (1.0 - fraction)) + 16.0;
-  // Sample ranks from the top, 1-based; a rank past either end leaves that side open.
+  // Sample ranks from the top, 1-based; a high rank before the first leaves the top
+  // open, a low rank past the last the bottom.
+  const double high_rank = sampled - margin, low_rank = sampled + margin;
+  // Nearly every value, or none (wanted <= 0): the histograms' cases.
+  if (!(high_rank <= kSampleSize && low_rank >= 1.0)) return false;
   const auto pattern_of_rank = [&](double r) {
-    const int64_t index = static_cast<int64_t>(r) - 1;
+    const int64_t index = static_cast<int64_t>(r) - 1;  // r in [1, kSampleSize]
     std::nth_element(sample.begin(), sample.begin() + index, sample.end(),
                      std::greater<uint32_t>());
     return sample[index];
   };
-  const double high_rank = sampled - margin, low_rank = sampled + margin;
-  if (high_rank > kSampleSize) return false;  // nearly every value: the histograms' case
   const uint32_t hi = std::min(kLargestFinite, high_rank < 1.0 ? kLargestFinite
                                                                 : pattern_of_rank(high_rank));
   const uint32_t lo = std::max(1u, low_rank > kSampleSize ? 1u : pattern_of_rank(low_rank));
