@@ -303,24 +303,58 @@ def powersgd_headline():
         [POWERSGD.format(key) for key in POWERSGD_SEEDS], True)
 
 
+POWERSGD_LONG = "benchmarks/data/peer_codecs/powersgd_1800_mwms_loopback_seed{}.json"
+POWERSGD_LONG_RANK1 = "benchmarks/data/peer_codecs/powersgd_rank1_1800_mwms_loopback_seed{}.json"
+POWERSGD_LONG_SEEDS = 3
+POWERSGD_ACCURACY_POINTS = -1.0
+
+
+def powersgd_long_headline():
+    """PowerSGD under MWMS over 1,800 steps (raw): socket bytes against fp32 (seed 0) and
+    test accuracy against fp32 (mean of 3 seeds) for each rank; whether a rank met both
+    targets (>= 20x fewer bytes, within 1 point)."""
+    seeds = []
+    for seed in range(POWERSGD_LONG_SEEDS):
+        runs = {r["config"]: r for r in read_json(POWERSGD_LONG.format(seed))}
+        runs.update({r["config"]: r for r in read_json(POWERSGD_LONG_RANK1.format(seed))})
+        seeds.append(runs)
+    sent = {k: r["socket_worker0_sent_bytes_per_step"] for k, r in seeds[0].items()}
+    parts, both = [], []
+    for rank in (1, 2, 4):
+        name = f"powersgd:rank={rank}"
+        points = np.mean([100 * (runs[name]["test_accuracy"] - runs["fp32"]["test_accuracy"])
+                          for runs in seeds])
+        ratio = sent["fp32"] / sent[name]
+        parts.append(f"rank {rank}: {_x(ratio)} fewer bytes, {_points(points)} points")
+        if ratio >= POWERSGD_SOCKET_TARGET and points >= POWERSGD_ACCURACY_POINTS:
+            both.append(f"rank {rank}")
+    verdict = f"both targets met at {', '.join(both)}" if both else "no rank met both targets"
+    return Headline(
+        "powersgd-mwms-1800", "; ".join(parts) + f" (1,800 steps, mean of {len(seeds)} "
+        f"seeds); {verdict}",
+        [POWERSGD_LONG.format(seed) for seed in range(POWERSGD_LONG_SEEDS)]
+        + [POWERSGD_LONG_RANK1.format(seed) for seed in range(POWERSGD_LONG_SEEDS)], True)
+
+
 SIGNUM = "benchmarks/data/peer_codecs/signum_mwms_loopback_seed{}.json"
+SIGNUM_VOTE = "benchmarks/data/peer_codecs/signum_vote_mwms_loopback_seed{}.json"
 
 
-def signum_headline():
+def signum_headline(key="signum-mwms", files=SIGNUM):
     """Signum under MWMS (raw): socket bytes against PowerSGD's fp32 run (seed 0) and test
     accuracy against fp32's (mean of the 3 seeds of each)."""
-    fp32 = [{r["config"]: r for r in read_json(POWERSGD.format(key))}["fp32"]
-            for key in POWERSGD_SEEDS]
-    signum = [read_json(SIGNUM.format(seed))[0] for seed in range(len(fp32))]
+    fp32 = [{r["config"]: r for r in read_json(POWERSGD.format(seeds))}["fp32"]
+            for seeds in POWERSGD_SEEDS]
+    signum = [read_json(files.format(seed))[0] for seed in range(len(fp32))]
     points = 100 * (np.mean([r["test_accuracy"] for r in signum])
                     - np.mean([r["test_accuracy"] for r in fp32]))
     ratio = (fp32[0]["socket_worker0_sent_bytes_per_step"]
              / signum[0]["socket_worker0_sent_bytes_per_step"])
     return Headline(
-        "signum-mwms", f"{_x(ratio)} fewer bytes, {_points(points)} points (mean of "
+        key, f"{_x(ratio)} fewer bytes, {_points(points)} points (mean of "
         f"{len(signum)} seeds)",
-        [POWERSGD.format(key) for key in POWERSGD_SEEDS]
-        + [SIGNUM.format(seed) for seed in range(len(fp32))], True)
+        [POWERSGD.format(seeds) for seeds in POWERSGD_SEEDS]
+        + [files.format(seed) for seed in range(len(fp32))], True)
 
 
 # --- accuracy of longer runs (recorded) ------------------------------------------------
@@ -670,7 +704,8 @@ def fuzz_headline():
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + [demo_links_headline()] + local_steps_headlines()
-            + [powersgd_headline(), signum_headline()]
+            + [powersgd_headline(), powersgd_long_headline(), signum_headline(),
+               signum_headline("signum-vote-mwms", SIGNUM_VOTE)]
             + accuracy_headlines() + wire_headlines() + entropy_headlines()
             + [codec_demo_headline(), bench_codecs_headline(), codec_speed_headline(),
                pull_lag_headline()] + fastsgd_headlines() + [mqgrad_headline()]
