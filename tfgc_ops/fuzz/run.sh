@@ -65,7 +65,7 @@ for t in $TARGETS; do
   extra=()
   # The selection's sampled path starts at 2^20 values: lowered here to inputs' sizes.
   [[ "$t" == fuzz_magnitude_select ]] && \
-    extra=(-DTFGC_SELECT_BRACKET_MIN_VALUES=512 -DTFGC_SELECT_SAMPLE_SIZE=256)
+    extra=(-DTFGC_SELECT_BRACKET_MIN_VALUES=128 -DTFGC_SELECT_SAMPLE_SIZE=64)
   "$CXX" "${CXXFLAGS[@]}" "${extra[@]}" "$HERE/$t.cc" "${cores[@]}" -o "$OUT/bin/$t"
 done
 [[ "${BUILD_ONLY:-0}" == 1 ]] && exit 0
