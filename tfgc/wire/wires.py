@@ -342,8 +342,9 @@ class AllReduceWire(Wire):
         for (position, _), decoded, share in zip(bucket, decodings, shares):
             codec = self.encoder.codec(grads_and_vars[position][1])
             # A codec written without tfgc's base class sums.
-            combine = getattr(codec, "combine", None) or base.Codec.combine.__get__(codec)
-            results.append((position, combine(decoded), share))
+            combine = getattr(codec, "combine", None)
+            total = combine(decoded) if combine else base.Codec.combine(codec, decoded)
+            results.append((position, total, share))
         return results
 
 
