@@ -81,7 +81,8 @@ from models import data as data_lib
 from models import divergence, supervise, workloads
 from models.recorder import HISTORY_FIELDS, recorder_classes
 from models.train_args import (
-    build_parser, default_momentum, parse_agent_arguments, parse_compression)
+    build_parser, default_momentum, default_outer_optimizer, parse_agent_arguments,
+    parse_compression)
 
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
 
@@ -565,6 +566,8 @@ def main(argv=None):
     args.lr = workloads.default_lr(args.model) if args.lr is None else args.lr
     if args.momentum is None:
         args.momentum = default_momentum(args.compression)
+    if args.outer_optimizer is None:
+        args.outer_optimizer = default_outer_optimizer(args.strategy)
     if args.recompute_statistics is None:
         args.recompute_statistics = (
             10 if args.local_steps > 1 and args.strategy in ("ps", "local") else 0)

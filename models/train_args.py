@@ -44,6 +44,13 @@ def default_momentum(spec):
     return 0.0 if _codec_class_and_arguments(spec)[0].momentum_on_sender else 0.9
 
 
+def default_outer_optimizer(strategy):
+    """--outer-optimizer's default under `strategy`: average under parameter servers
+    (where each worker's meeting is an outer step of its own, and Nesterov meetings did
+    not train ResNet-20), else nesterov (DiLoCo's)."""
+    return "average" if strategy == "ps" else "nesterov"
+
+
 def _codec_class_and_arguments(spec):
     """(the codec class, its keyword arguments) of a compression spec (see
     `parse_compression`), without making the codec."""
@@ -146,9 +153,12 @@ def build_parser():
              "applies the mean (DiLoCo; --strategy mwms or local; the learning rate is "
              "then not scaled by the replicas). Under --strategy ps each worker trains its "
              "caches of compressed pulls (--pull-compression) and meets the server alone")
-    add("--outer-optimizer", choices=("nesterov", "average"), default="nesterov",
+    add("--outer-optimizer", choices=("nesterov", "average"), default=None,
         help="with --local-steps: nesterov (DiLoCo's: --outer-lr, --outer-momentum) or "
-             "average (every copy becomes the replicas' mean, 3LC's local-steps baseline)")
+             "average (every copy becomes the replicas' mean, 3LC's local-steps baseline). "
+             "Default: average under --strategy ps (where Nesterov meetings, applied one "
+             "worker at a time, did not train ResNet-20: docs/results/local-steps.md), "
+             "else nesterov")
     add("--recompute-statistics", type=int, default=None, metavar="BATCHES",
         help="before the test, set the batch norms' moving statistics to the mean of "
              "their batch statistics over this many training batches with the trained "

@@ -348,6 +348,7 @@ PS_COORDINATOR = cluster_scripts.script(
         "fp32_average_h4": (tfgc.codecs.NoCompression(),) * 2 + (4, tfgc.OuterSGD.averaging()),
         "threelc_h4": (three, three, 4, tfgc.OuterSGD.averaging()),
         "powersgd_h4": (tfgc.codecs.PowerSGD(1), three, 4, tfgc.OuterSGD.averaging()),
+        "fp32_nesterov_h4": (tfgc.codecs.NoCompression(),) * 2 + (4, tfgc.OuterSGD()),
     }
     # DiLoCo's inner optimizer for the runs named adamw..., else SGD with momentum.
     # Adam's epsilon at 1e-3: the biases before a batch norm have gradients that are 0
@@ -379,11 +380,16 @@ PS_COORDINATOR = cluster_scripts.script(
         callbacks = [tfgc.callbacks.OuterSteps()] if outer else []
         # A first epoch (tracing, the functions sent to the workers, the first full
         # pulls), then the measured one.
+        import warnings
         try:
-            model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
+                          callbacks=callbacks)
         except NotImplementedError as error:
             send_report({"refused": str(error)})
             sys.exit(0)
+        outer_warnings = [str(w.message) for w in caught if "outer momentum" in str(w.message)]
         rows = c.settled_socket_bytes()
         up = c.traffic_between("worker", "ps", rows=rows)
         down = c.traffic_between("ps", "worker", rows=rows)
@@ -399,6 +405,7 @@ PS_COORDINATOR = cluster_scripts.script(
             "traffic": {k: int(v.numpy()) for k, v in opt.traffic.items()},
             "iterations": int(opt.iterations.numpy()),
             "weights": [w.tolist() for w in model.get_weights()],
+            "outer_warnings": outer_warnings,
         }
         if local_steps > 1:
             pulls = model.trainable_variables[0].owner
@@ -500,6 +507,19 @@ def test_parameter_server_workers_take_adamw_steps_of_their_own(run_report):
                             runs["adamw_fp32_average_h4"]["weights"]):
         np.testing.assert_allclose(local, plain, rtol=0, atol=1e-4)
     assert runs["adamw_fp32_average_h4"]["worker_steps"] == [16]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_server_local_steps_warn_of_an_outer_momentum(run_report):
+    # Each worker's meeting is an outer step of its own there: Nesterov meetings did not
+    # train ResNet-20 where averaging did (the results page), so they warn; averaging
+    # does not (the runs of the tests above report no such warning).
+    report = run_report(PS_COORDINATOR, timeout=400, args=["fp32_nesterov_h4", "1", "4"])
+    assert len(report["outer_warnings"]) == 1, report["outer_warnings"]
+    assert "OuterSGD.averaging()" in report["outer_warnings"][0]
+    averaged = run_report(PS_COORDINATOR, timeout=400, args=["fp32_average_h4", "1", "4"])
+    assert averaged["outer_warnings"] == []
 
 
 @pytest.mark.cluster

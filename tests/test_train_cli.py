@@ -63,6 +63,15 @@ def test_sgd_momentum_moves_into_a_codec_that_applies_it():
 
     assert default_momentum("threelc:sparsity=1.0") == default_momentum("none") == 0.9
     assert default_momentum("signum:momentum=0.8") == 0.0
+
+
+def test_meetings_average_by_default_under_parameter_servers():
+    # Nesterov meetings, each worker's an outer step of its own there, did not train
+    # ResNet-20 (the local-steps results page); DiLoCo's Nesterov elsewhere.
+    from models.train_args import default_outer_optimizer
+
+    assert default_outer_optimizer("ps") == "average"
+    assert default_outer_optimizer("mwms") == default_outer_optimizer("local") == "nesterov"
     assert train.parse_compression("signum:momentum=0.8").momentum == 0.8
 
 
