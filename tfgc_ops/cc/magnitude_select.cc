@@ -342,7 +342,8 @@ constexpr struct ReversedBytes {
 // The write pass's state, with the outputs chosen at compile time (bit 0: bitmap, 1:
 // positions, 2: values, 3: reconstruction), so that no loop tests them. Values go
 // through `One` in position order, or in groups of eight free of ties through a vector
-// loop that stages what it keeps with `StageGroup`.
+// loop that stages what it keeps with `Stage`, or all eight at once through the slots
+// and `Kept`.
 template <int kOutputs>
 class Writing {
  public:
@@ -365,13 +366,15 @@ class Writing {
       byte_ = byte_ << 1 | static_cast<uint32_t>(keep);
       if ((i & 7) == 7) out_.bitmap[i >> 3] = static_cast<uint8_t>(byte_);
     }
-    if (kList) {
-      // Written always, kept only if selected (no branch on the data).
-      if (kPositions) staged_positions_[staged_] = static_cast<int32_t>(i);
-      if (kValues) staged_values_[staged_] = v;
-      staged_ += keep;
-      if (staged_ >= kStage) Flush();
-    }
+    if (kList) Stage(i, keep);
+  }
+
+  // Stages value i: written always, kept only if `keep` (no branch on the data).
+  void Stage(int64_t i, bool keep) {
+    if (kPositions) staged_positions_[staged_] = static_cast<int32_t>(i);
+    if (kValues) staged_values_[staged_] = x_[i];
+    staged_ += keep;
+    if (staged_ >= kStage) Flush();
   }
 
   // Room for a group of eight at the end of the stage (up to eight may be written,
@@ -441,14 +444,7 @@ void WriteSome(const float* x, int64_t n, const Selection& selection, const Outp
     unsigned mask = static_cast<unsigned>(_mm_movemask_ps(keep0) | _mm_movemask_ps(keep1) << 4);
     if (writing.kBitmap) out.bitmap[i >> 3] = kReversed.of[mask];
     if (writing.kList) {
-      const int kept = __builtin_popcount(mask);
-      int32_t* positions = writing.positions_slot();
-      float* values = writing.values_slot();
-      for (int slot = 0; mask != 0; mask &= mask - 1, ++slot) {
-        if (writing.kPositions) positions[slot] = static_cast<int32_t>(i + __builtin_ctz(mask));
-        if (writing.kValues) values[slot] = x[i + __builtin_ctz(mask)];
-      }
-      writing.Kept(kept);
+      for (; mask != 0; mask &= mask - 1) writing.Stage(i + __builtin_ctz(mask), true);
     }
   }
 #endif
