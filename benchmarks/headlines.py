@@ -343,8 +343,8 @@ SIGNUM_VOTE = "benchmarks/data/peer_codecs/signum_vote_mwms_loopback_seed{}.json
 def signum_headline(key="signum-mwms", files=SIGNUM):
     """Signum under MWMS (raw): socket bytes against PowerSGD's fp32 run (seed 0) and test
     accuracy against fp32's (mean of the 3 seeds of each)."""
-    fp32 = [{r["config"]: r for r in read_json(POWERSGD.format(seeds))}["fp32"]
-            for seeds in POWERSGD_SEEDS]
+    fp32 = [{r["config"]: r for r in read_json(POWERSGD.format(suffix))}["fp32"]
+            for suffix in POWERSGD_SEEDS]
     signum = [read_json(files.format(seed))[0] for seed in range(len(fp32))]
     points = 100 * (np.mean([r["test_accuracy"] for r in signum])
                     - np.mean([r["test_accuracy"] for r in fp32]))
@@ -353,7 +353,7 @@ def signum_headline(key="signum-mwms", files=SIGNUM):
     return Headline(
         key, f"{_x(ratio)} fewer bytes, {_points(points)} points (mean of "
         f"{len(signum)} seeds)",
-        [POWERSGD.format(seeds) for seeds in POWERSGD_SEEDS]
+        [POWERSGD.format(suffix) for suffix in POWERSGD_SEEDS]
         + [files.format(seed) for seed in range(len(fp32))], True)
 
 

@@ -46,6 +46,8 @@ server's decoding and outer step (see `ServerMeetings._meet_when_due`); a branch
 function cannot reach a worker's per-worker variables, so those are read before the
 branches and written after them (the residuals through `tfgc.memory.StagedResidual`).
 """
+import warnings
+
 import tensorflow as tf
 
 from tfgc import _compat
@@ -172,6 +174,13 @@ class ServerMeetings:
         self.optimizer = optimizer
         self.variables = list(variables)
         self.masters = [v.master for v in self.variables]
+        if optimizer.outer_optimizer.momentum > 0:
+            warnings.warn(
+                "local_steps under ParameterServerStrategy with an outer momentum: each "
+                "worker's meeting is an outer step of its own, and Nesterov meetings (0.7, "
+                "momentum 0.9) did not train ResNet-20 with 2 workers where averaging did "
+                "(docs/results/local-steps.md); consider "
+                "outer_optimizer=tfgc.OuterSGD.averaging()", stacklevel=2)
         encoder = optimizer.encoder
         stateful = [m.name for m in self.masters
                     if encoder.compresses(m) and encoder.bound_codec(m).keeps_sender_state]

@@ -70,15 +70,6 @@ class _CompressingMixin(CompressingBase):
         strategy = tf.distribute.get_strategy()
         if is_parameter_server(strategy) or self._saw_pulled:
             local_steps_ps.check_inner_optimizer(self)
-            if (is_parameter_server(strategy) and self.outer_optimizer.momentum > 0
-                    and not getattr(self, "_warned_of_outer_momentum", False)):
-                self._warned_of_outer_momentum = True  # build runs more than once
-                warnings.warn(
-                    "local_steps under ParameterServerStrategy with an outer momentum: each "
-                    "worker's meeting is an outer step of its own, and Nesterov meetings "
-                    "(0.7, momentum 0.9) did not train ResNet-20 with 2 workers where "
-                    "averaging did (docs/results/local-steps.md); consider "
-                    "outer_optimizer=tfgc.OuterSGD.averaging()", stacklevel=2)
             if not is_parameter_server(strategy):
                 raise NotImplementedError(
                     "local_steps with compressed pulls in one process is not built yet: "
