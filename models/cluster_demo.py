@@ -63,7 +63,8 @@ def run_training(entry, args, out_dir, link=None):
         "--model", args.model, "--dataset", args.dataset, "--allow-substitute",
         "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
-        "--lr", str(args.lr), "--weight-decay-mode", args.weight_decay_mode,
+        "--optimizer", args.optimizer, "--lr", str(args.lr),
+        "--weight-decay-mode", args.weight_decay_mode,
         "--seed", str(args.seed),
         "--compression", compression, "--out", out_dir,
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
@@ -326,7 +327,11 @@ def main(argv=None):
                              "(default: the run's push codec; the fp32 run stays fp32)")
     parser.add_argument("--steps", type=int, default=120, help="worker steps per run")
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="models.train --optimizer: sgd (momentum 0.9) or adam (AdamW "
+                             "with the default --weight-decay-mode)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="initial learning rate (default: 0.05 for sgd, 0.001 for adam)")
     parser.add_argument("--seed", type=int, default=0,
                         help="initial weights and data order of every run")
     parser.add_argument(
@@ -342,6 +347,8 @@ def main(argv=None):
                              "allows it; none: loopback only")
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)
+    if args.lr is None:
+        args.lr = 0.001 if args.optimizer == "adam" else 0.05
     if args.pull_compression and not args.pulls:
         parser.error("--pull-compression and --no-pulls contradict each other")
     for entry in args.compressions:
@@ -387,7 +394,8 @@ def main(argv=None):
         "Bytes per step: kernel TCP counters of the sockets between the processes (ss -tinp), "
         "over the steps of fit, divided by the steps.\nGradient payload ratio: dense fp32 "
         "gradient bytes / encoded bytes, from the optimizer's counters (pull: the same for "
-        "model deltas).\nWeight decay: "
+        "model deltas).\nOptimizer: "
+        f"{args.optimizer} from learning rate {args.lr}; weight decay: "
         f"{args.weight_decay_mode} (see models.train --weight-decay-mode).\n"
         "Links: loopback, and emulated links (tc token buckets on what each task sends, "
         "tfgc.cluster); speedup = fp32's step time / this run's on the same link; first "

@@ -81,7 +81,8 @@ from models import data as data_lib
 from models import divergence, supervise, workloads
 from models.recorder import HISTORY_FIELDS, recorder_classes
 from models.train_args import (
-    build_parser, default_momentum, default_outer_optimizer, parse_agent_arguments,
+    build_parser, default_momentum, default_outer_optimizer, fill_optimizer_defaults,
+    parse_agent_arguments,
     parse_compression)
 
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
@@ -182,7 +183,8 @@ def train(args):
         "pull_compression": args.pull_compression,
         "strategy": args.strategy, "workers": args.workers if args.strategy != "local" else 1,
         "ps": args.ps if args.strategy == "ps" else 0, "steps": steps_per_epoch * epochs,
-        "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+        "batch_size": args.batch_size, "optimizer": args.optimizer, "lr": args.lr,
+        "seed": args.seed,
         "weight_decay": args.weight_decay, "weight_decay_mode": args.weight_decay_mode,
         "bandwidth": args.bandwidth, "local_steps": args.local_steps,
         "outer_optimizer": None if outer is None else outer.get_config(),
@@ -413,8 +415,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         summary["socket_bytes"] = recorder.socket_rows
 
     test_model = model
-    if args.strategy == "ps":
-        # The test set is evaluated on the coordinator, on a copy of the trained weights.
+    if args.strategy == "ps" or (args.strategy == "mwms" and args.recompute_statistics):
+        # The test set is evaluated on a copy of the trained weights: under parameter
+        # servers on the coordinator; under MultiWorkerMirrored by every worker alone, as
+        # the statistics are recomputed there from the same first training batches.
         test_model = workload.build_model(0.0)
         test_model.set_weights(model.get_weights())
         test_model.compile("sgd", workload.loss(), metrics=workload.metrics())
@@ -562,20 +566,19 @@ def main(argv=None):
     if workload is workloads.SparseWorkload and args.pull_compression != "none":
         parser.error("--pull-compression applies to the image models (a sparse model's "
                      "workers read only the rows of their batch)")
+    if workload is workloads.SparseWorkload and args.optimizer is not None:
+        parser.error("--optimizer applies to the image models (the sparse models train "
+                     "with FastSGD's Adam)")
     args.dataset = args.dataset or workload.default_dataset
-    args.lr = workloads.default_lr(args.model) if args.lr is None else args.lr
+    fill_optimizer_defaults(args)
     if args.momentum is None:
         args.momentum = default_momentum(args.compression)
     if args.outer_optimizer is None:
         args.outer_optimizer = default_outer_optimizer(args.strategy)
     if args.recompute_statistics is None:
-        args.recompute_statistics = (
-            10 if args.local_steps > 1 and args.strategy in ("ps", "local") else 0)
+        args.recompute_statistics = 10 if args.local_steps > 1 else 0
     if args.recompute_statistics < 0:
         parser.error("--recompute-statistics must be >= 0")
-    if args.recompute_statistics and args.strategy == "mwms":
-        parser.error("--recompute-statistics under --strategy mwms is not built (the test "
-                     "runs on the distributed model there)")
     if args.name is None:
         dataset = os.path.basename(args.dataset.rpartition(":")[2])
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")

@@ -44,6 +44,19 @@ def default_momentum(spec):
     return 0.0 if _codec_class_and_arguments(spec)[0].momentum_on_sender else 0.9
 
 
+def fill_optimizer_defaults(args):
+    """Fills --optimizer, --lr and --lr-final where they were left out: SGD at the
+    model's rate (`workloads.default_lr`) down to 0.001, or Adam from 0.001 to 1e-5."""
+    from models import workloads
+
+    args.optimizer = args.optimizer or "sgd"
+    adam = args.optimizer == "adam"
+    if args.lr is None:
+        args.lr = 0.001 if adam else workloads.default_lr(args.model)
+    if args.lr_final is None:
+        args.lr_final = 1e-5 if adam else 0.001
+
+
 def default_outer_optimizer(strategy):
     """--outer-optimizer's default under `strategy`: average under parameter servers
     (where each worker's meeting is an outer step of its own, and Nesterov meetings did
@@ -162,9 +175,9 @@ def build_parser():
     add("--recompute-statistics", type=int, default=None, metavar="BATCHES",
         help="before the test, set the batch norms' moving statistics to the mean of "
              "their batch statistics over this many training batches with the trained "
-             "weights (tfgc.recompute_statistics; --strategy ps or local). Default: 10 "
-             "with --local-steps under those strategies, else 0 (the statistics training "
-             "kept)")
+             "weights (tfgc.recompute_statistics; under --strategy mwms each worker "
+             "tests a copy of its weights, recomputed from the same batches). Default: 10 "
+             "with --local-steps, else 0 (the statistics training kept)")
     add("--steps-per-execution", type=int, default=1, metavar="N",
         help="steps per call the coordinator sends a worker (Keras steps_per_execution; "
              "--strategy ps). The call crosses once per N steps, but the loop's control "
@@ -186,9 +199,15 @@ def build_parser():
     add("--lr", type=float, default=None,
         help="initial learning rate per replica, scaled by the synchronous replicas "
              "(default: SGD with --momentum at 0.1 for the ResNets, 0.01 for mqgrad_cnn; "
-             "Adam at 0.01 for sparse models). ResNets deeper than 20 layers warm up "
-             "linearly from a tenth of it over their first 400 steps")
-    add("--lr-final", type=float, default=0.001, help="learning rate at the last step")
+             "--optimizer adam at 0.001; Adam at 0.01 for sparse models). ResNets deeper "
+             "than 20 layers warm up linearly from a tenth of it over their first 400 steps")
+    add("--lr-final", type=float, default=None,
+        help="learning rate at the last step (default: 0.001; --optimizer adam: 1e-5)")
+    add("--optimizer", choices=("sgd", "adam"), default=None,
+        help="the image models' optimizer (default sgd): sgd (with --momentum) or adam "
+             "(tf_keras Adam; with --weight-decay-mode optimizer it is AdamW, DiLoCo's "
+             "inner optimizer), both on the cosine schedule. The sparse models use Adam "
+             "and take no --optimizer")
     add("--momentum", type=float, default=None,
         help="SGD's momentum (default: 0.9; 0 with a codec that applies momentum before "
              "it compresses, signum)")

@@ -87,9 +87,10 @@ class ImageWorkload:
         return ["accuracy"]
 
     def inner_optimizer(self, lr, steps):
-        """SGD with momentum, its learning rate decayed from `lr` to `--lr-final` over
-        `steps` along a cosine; ResNets deeper than `warmup_above_depth` first warm up
-        linearly from `lr` / 10 over `warmup_steps`, and decay over the rest."""
+        """SGD with momentum (or Adam: `--optimizer adam`), its learning rate decayed
+        from `lr` to `--lr-final` over `steps` along a cosine; ResNets deeper than
+        `warmup_above_depth` first warm up linearly from `lr` / 10 over `warmup_steps`,
+        and decay over the rest."""
         import tf_keras
 
         args = self.args
@@ -102,6 +103,8 @@ class ImageWorkload:
         else:
             schedule = tf_keras.optimizers.schedules.CosineDecay(
                 initial_learning_rate=lr, decay_steps=max(1, steps), alpha=alpha)
+        if args.optimizer == "adam":
+            return tf_keras.optimizers.Adam(schedule)
         return tf_keras.optimizers.SGD(schedule, momentum=args.momentum)
 
     def train_dataset(self, batch_size, records_path=None):

@@ -101,7 +101,7 @@ def test_default_learning_rates_per_model():
 ])
 def test_image_learning_rate_schedules(model, first, at_400, last):
     args = argparse.Namespace(model=model, lr=workloads.default_lr(model), lr_final=0.001,
-                              momentum=0.9)
+                              momentum=0.9, optimizer="sgd")
     workload = object.__new__(workloads.ImageWorkload)  # no data needed
     workload.args = args
     # tf_keras keeps the schedule there (`learning_rate` reads its current value).
@@ -111,6 +111,17 @@ def test_image_learning_rate_schedules(model, first, at_400, last):
         assert float(schedule(200)) == pytest.approx((first + at_400) / 2)
         assert float(schedule(400)) == pytest.approx(at_400)
     assert float(schedule(1000)) == pytest.approx(last)
+
+
+def test_image_models_take_adam_on_the_cosine_schedule():
+    args = argparse.Namespace(model="resnet20", lr=0.001, lr_final=1e-5, momentum=0.9,
+                              optimizer="adam")
+    workload = object.__new__(workloads.ImageWorkload)
+    workload.args = args
+    optimizer = workload.inner_optimizer(args.lr, 1000)
+    assert type(optimizer).__name__ == "Adam"
+    assert float(optimizer._learning_rate(0)) == pytest.approx(0.001)
+    assert float(optimizer._learning_rate(1000)) == pytest.approx(1e-5)
 
 
 @pytest.mark.slow

@@ -65,6 +65,21 @@ def test_sgd_momentum_moves_into_a_codec_that_applies_it():
     assert default_momentum("signum:momentum=0.8") == 0.0
 
 
+@pytest.mark.parametrize("given, lr, lr_final", [
+    ([], 0.1, 0.001),
+    (["--optimizer", "sgd", "--lr", "0.05"], 0.05, 0.001),
+    (["--optimizer", "adam"], 0.001, 1e-5),
+    (["--optimizer", "adam", "--lr", "0.002", "--lr-final", "0.0001"], 0.002, 0.0001),
+])
+def test_optimizer_and_its_learning_rates_default(given, lr, lr_final):
+    from models.train_args import build_parser, fill_optimizer_defaults
+
+    args = build_parser().parse_args(given)
+    fill_optimizer_defaults(args)
+    assert args.optimizer == (given[1] if given else "sgd")
+    assert (args.lr, args.lr_final) == (lr, lr_final)
+
+
 def test_meetings_average_by_default_under_parameter_servers():
     # Nesterov meetings, each worker's an outer step of its own there, did not train
     # ResNet-20 (the local-steps results page); DiLoCo's Nesterov elsewhere.
@@ -252,14 +267,14 @@ def test_parser_rejects_what_a_model_cannot_do(capsys):
         train.main(["--model", "logistic", "--pull-compression", "threelc"])
     assert "--pull-compression applies to the image models" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main(["--model", "logistic", "--optimizer", "adam"])
+    assert "--optimizer applies to the image models" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main(["--strategy", "ps", "--local-steps", "4"])
     assert "caches of compressed pulls: give --pull-compression" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--local-steps", "4", "--pull-compression", "threelc"])
     assert "in one process is not built yet" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main(["--strategy", "mwms", "--recompute-statistics", "4"])
-    assert "--recompute-statistics under --strategy mwms is not built" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--strategy", "mwms", "--steps-per-execution", "4"])
     assert "--steps-per-execution > 1 is built for --strategy ps only" in capsys.readouterr().err
@@ -398,9 +413,14 @@ def test_parameter_server_run(tmp_path):
 def test_multi_worker_mirrored_run(tmp_path):
     summary, rows, done = run_cli(["--strategy", "mwms", "--workers", "2", "--steps", "2",
                                    "--log-every", "2", "--compression", "none",
-                                   "--timeout", "280"], tmp_path, 300)
+                                   "--recompute-statistics", "3", "--timeout", "280"],
+                                  tmp_path, 300)
     assert summary["strategy"] == "mwms" and summary["lr_scaled"] == pytest.approx(0.2)
     assert [int(r["step"]) for r in rows] == [1, 2]
+    # Tested on a copy of the weights, with the statistics training kept and recomputed.
+    assert summary["recomputed_statistics_batches"] == 3
+    assert 0.0 <= summary["test_accuracy_kept_statistics"] <= 1.0
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
     assert "MultiWorkerMirroredStrategy workers" in done.stderr
 
 
