@@ -97,7 +97,8 @@ class ParameterServerPull:
 
         Returns:
           (the op to wait for, [(master, bytes of the message it accounts for)], a
-          boolean scalar saying whether the worker pulls, or None where it always does).
+          boolean scalar on the server saying whether the worker pulls, or None where it
+          always does).
         """
         synced_handle = self.synced.handle
         synced = tf.raw_ops.ReadVariableOp(resource=synced_handle, dtype=tf.bool)
@@ -114,20 +115,26 @@ class ParameterServerPull:
             with tf.device(self.device):
                 message, layout, counted = self._serve(state)
             news = self._received(message, layout, synced, currents)
-            pulling = None
+            asked = None
         else:
             step = tf.raw_ops.ReadVariableOp(resource=self._local_step.handle, dtype=tf.int64)
             pulling = tf.logical_or(tf.logical_not(synced), step % self.every == 0)
             state = tf.where(pulling, state, -1)
             with tf.device(self.device):
-                message, layout, counted = self._serve_when_asked(state)
+                message, layout, counted, asked = self._serve_when_asked(state)
+            # Received here, outside the branch: the branch then switches a tensor of
+            # the worker's on the worker's condition (given the server's message, the
+            # switch ran on the server, which asked the worker for the condition). Not
+            # tf.identity: TensorFlow's placer puts an identity with its input.
+            message = tf.raw_ops.Snapshot(input=message)
             news = tf.cond(pulling, lambda: self._received(message, layout, synced, currents),
                            lambda: currents)
         updates = [tf.raw_ops.AssignVariableOp(resource=caches[i], value=new)
                    for i, new in zip(self._order, self._split(news))]
         with tf.control_dependencies(updates):
             done = tf.raw_ops.AssignVariableOp(resource=synced_handle, value=True)
-        return done, counted, pulling
+        # The server's copy of the decision: the traffic counters live on a server.
+        return done, counted, asked
 
     def _received(self, message, layout, synced, currents):
         """The caches' new values (flat) from the server's message."""
@@ -180,7 +187,8 @@ class ParameterServerPull:
             for unit in self._units))
         sent = _concat(list(sent_by_unit))
         new_row = tf.where(synced, row + sent, values)
-        full = tf.cond(synced, lambda: tf.zeros([0], tf.uint8), lambda: to_bytes(values))
+        full = tf.cond(synced, on_device(self.device, lambda: tf.zeros([0], tf.uint8)),
+                       on_device(self.device, lambda: to_bytes(values)))
         layout, message = Layout.pack(list(payloads) + [{"full": full}])
         with tf.control_dependencies([message]):  # encoded before the snapshots move
             self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
@@ -188,8 +196,13 @@ class ParameterServerPull:
 
     def _serve_when_asked(self, state):
         """`_serve` for a worker that asks (state >= 0); for one in a local step
-        (state -1), an empty message and nothing counted or changed."""
+        (state -1), an empty message and nothing counted or changed. Returns `_serve`'s
+        three values and whether the worker asked."""
         served = {}
+        # The state and the condition on the server, and the branches' ops there too (a
+        # branch's ops do not inherit the device): each tensor of a branch that lived on
+        # the worker would cost a request on every step.
+        state = tf.identity(state)
 
         def serve():
             message, served["layout"], counted = self._serve(state)
@@ -200,8 +213,10 @@ class ParameterServerPull:
             return (tf.zeros([0], tf.uint8),
                     [tf.constant(0, tf.int64) for _ in self.variables])
 
-        message, nbytes = tf.cond(state >= 0, serve, decline)
-        return message, served["layout"], list(zip(served["masters"], nbytes))
+        asked = state >= 0
+        message, nbytes = tf.cond(asked, on_device(self.device, serve),
+                                  on_device(self.device, decline))
+        return message, served["layout"], list(zip(served["masters"], nbytes)), asked
 
     def _unit_values(self, flat, unit):
         """Payload `unit`'s part of the group's flat vector."""
@@ -211,6 +226,17 @@ class ParameterServerPull:
     def _shapes(self, unit):
         """The shapes of payload `unit`'s variables."""
         return [self.variables[i].master.shape for i in unit]
+
+
+def on_device(device, branch):
+    """`branch` with its ops placed on `device`: a `tf.cond` branch's ops do not inherit
+    the device scope the cond is made in."""
+
+    def placed():
+        with tf.device(device):
+            return branch()
+
+    return placed
 
 
 def _concat(vectors):
