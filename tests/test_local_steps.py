@@ -530,3 +530,73 @@ def test_parameter_server_local_steps_refuse_a_codec_with_per_worker_state(run_r
     # PowerSGD's warm start is a per-worker variable, which a meeting's branch cannot read.
     report = run_report(PS_COORDINATOR, timeout=400, args=["powersgd_h4", "1", "4"])
     assert "cannot be read yet" in report["refused"] and "PowerSGD" in report["refused"]
+
+
+PS_CUSTOM_LOOP = cluster_scripts.script(
+    """
+    from sklearn.datasets import load_digits
+
+    local_steps = int(sys.argv[1])
+    data = load_digits()
+    x = (data.images / 16.0).reshape(-1, 64).astype("float32")
+    y = data.target
+    with cluster.LocalCluster(num_ps=1, num_workers=1, timeout_s=240) as c:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        with strategy.scope(), tfgc.compressed_pulls():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential([
+                tf_keras.layers.BatchNormalization(input_shape=(64,)),
+                tf_keras.layers.Dense(128),
+                tf_keras.layers.BatchNormalization(), tf_keras.layers.ReLU(),
+                tf_keras.layers.Dense(10)])
+        with strategy.scope():
+            fp32 = tfgc.codecs.NoCompression()
+            opt = tfgc.DistributedOptimizer(
+                tf_keras.optimizers.SGD(0.05, momentum=0.9), compression=fp32,
+                pull_compression=fp32, small_compression=None, local_steps=local_steps,
+                outer_optimizer=tfgc.OuterSGD.averaging() if local_steps > 1 else None)
+            opt.build(model.trainable_variables)  # the pulls start here, before a step
+        loss_of = tf_keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=tf_keras.losses.Reduction.NONE)
+        batches = coordinator.create_per_worker_dataset(
+            lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32))
+
+        @tf.function
+        def train_step(iterator):
+            def replica_step(features, labels):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(loss_of(labels, model(features, training=True)))
+                gradients = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(gradients, model.trainable_variables))
+                return loss
+
+            return strategy.run(replica_step, args=next(iterator))
+
+        iterator = iter(batches)
+        losses = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(16)]
+        coordinator.join()
+        report = {"losses": [float(loss.fetch()) for loss in losses],
+                  "weights": [w.tolist() for w in model.get_weights()],
+                  "traffic": {k: int(v.numpy()) for k, v in opt.traffic.items()}}
+        if local_steps > 1:
+            report["worker_steps"] = [
+                int(v.numpy()) for v in model.trainable_variables[0].owner.local_step.read_all()]
+        send_report(report)
+    """
+)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_parameter_server_local_steps_train_a_custom_loop(run_report):
+    # A ClusterCoordinator loop of the user's own (strategy.run, apply_gradients): one
+    # worker meeting with averaging every 4 steps trains the model the same loop trains
+    # without local steps, statistics included, and pushes at its meetings only.
+    plain, local = (run_report(PS_CUSTOM_LOOP, timeout=400, args=[h]) for h in ("1", "4"))
+    for before, after in zip(plain["weights"], local["weights"]):
+        np.testing.assert_allclose(after, before, rtol=0, atol=1e-4)
+    assert local["worker_steps"] == [16]
+    np.testing.assert_allclose(local["losses"], plain["losses"], rtol=0, atol=1e-4)
+    # 16 steps' dense bytes pushed without local steps, 4 meetings' with them.
+    assert plain["traffic"]["push_dense_bytes"] == 4 * local["traffic"]["push_dense_bytes"] > 0
