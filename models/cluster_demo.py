@@ -270,6 +270,16 @@ def steady_bytes(summary):
     return tuple((end[key] - start[key]) / steps for key in ("worker_to_ps", "ps_to_worker"))
 
 
+def steady_coordinator_bytes(summary):
+    """The bytes per step the coordinator sent the workers after the run's first Keras
+    epoch (its calls of the steps), or None where they were not recorded."""
+    rows = summary.get("socket_bytes") or []
+    if len(rows) < 3 or "chief_to_worker" not in rows[0]:
+        return None
+    return (rows[-1]["chief_to_worker"] - rows[1]["chief_to_worker"]) / (
+        rows[-1]["step"] - rows[1]["step"])
+
+
 def steady_bytes_lines(summaries):
     """Lines giving each run's socket bytes per step after its first epoch, against the
     first run's on its link (as `results_table`) and, for local steps, against the same
@@ -291,9 +301,13 @@ def steady_bytes_lines(summaries):
             if base is not s and base_steady is not None:
                 against.append(f"{base_steady[0] / steady[0]:.1f}x and "
                                f"{base_steady[1] / steady[1]:.1f}x fewer than {name}")
+        calls = steady_coordinator_bytes(s)
         lines.append(f"{s['link']}, {_label(s)}: after the first epoch {steady[0]:,.0f} B "
                      f"per step to the servers, {steady[1]:,.0f} B back"
-                     + (f" ({'; '.join(against)})" if against else "") + ".")
+                     + (f" ({'; '.join(against)})" if against else "")
+                     + ("" if calls is None else
+                        f"; {calls:,.0f} B per step from the coordinator to the workers")
+                     + ".")
     return lines
 
 

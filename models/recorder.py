@@ -97,6 +97,8 @@ def recorder_classes():
                     "step": step,
                     "worker_to_ps": self.cluster.traffic_between("worker", "ps", rows=rows),
                     "ps_to_worker": self.cluster.traffic_between("ps", "worker", rows=rows),
+                    # The coordinator's calls (and what it sends once: the functions).
+                    "chief_to_worker": self.cluster.traffic_between("chief", "worker", rows=rows),
                 })
 
     class BatchRecorder(Recorder):

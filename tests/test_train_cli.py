@@ -219,6 +219,12 @@ def test_demo_counts_bytes_per_step_after_the_first_epoch():
 
     runs = [run("none", 1, 10**6, 8000), run("threelc", 1, 10**6, 4000),
             run("threelc", 4, 2 * 10**6, 1000)]
+    # The coordinator's calls, recorded by newer runs: 9,000 B per step after 3 MB.
+    for row, total in zip(runs[2]["socket_bytes"], [0, 3 * 10**6, 3 * 10**6 + 90000,
+                                                      3 * 10**6 + 180000]):
+        row["chief_to_worker"] = total
+    assert cluster_demo.steady_coordinator_bytes(runs[2]) == 9000.0
+    assert cluster_demo.steady_coordinator_bytes(runs[1]) is None
     assert cluster_demo.steady_bytes(runs[2]) == (1000.0, 500.0)
     assert cluster_demo.steady_bytes({"socket_bytes": runs[2]["socket_bytes"][:2]}) is None
     lines = cluster_demo.steady_bytes_lines(runs)
@@ -226,7 +232,7 @@ def test_demo_counts_bytes_per_step_after_the_first_epoch():
     assert lines[2] == (
         "loopback, threelc, 4 local steps (averaging): after the first epoch 1,000 B per step "
         "to the servers, 500 B back (8.0x and 8.0x fewer than the first run; 4.0x and 4.0x "
-        "fewer than synchronous).")
+        "fewer than synchronous); 9,000 B per step from the coordinator to the workers.")
 
 
 def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
