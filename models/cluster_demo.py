@@ -262,22 +262,25 @@ def steady_bytes(summary):
     or None where fewer than two epochs were recorded. The first epoch also carries what
     a run sends once (the step's functions registered on the servers, the first full
     pulls): about 1 MB each way for ResNet-20, 4-5 KB per step over 240 steps."""
-    rows = summary.get("socket_bytes") or []
-    if len(rows) < 3 or "worker_to_ps" not in rows[0]:
-        return None
-    start, end = rows[1], rows[-1]
-    steps = end["step"] - start["step"]
-    return tuple((end[key] - start[key]) / steps for key in ("worker_to_ps", "ps_to_worker"))
+    return _per_step_after_first_epoch(summary, ("worker_to_ps", "ps_to_worker"))
 
 
 def steady_coordinator_bytes(summary):
     """The bytes per step the coordinator sent the workers after the run's first Keras
     epoch (its calls of the steps), or None where they were not recorded."""
+    per_step = _per_step_after_first_epoch(summary, ("chief_to_worker",))
+    return None if per_step is None else per_step[0]
+
+
+def _per_step_after_first_epoch(summary, keys):
+    """The socket rows' `keys`, per step from the end of the first Keras epoch to the
+    last, or None where fewer than two epochs (or the keys) were recorded."""
     rows = summary.get("socket_bytes") or []
-    if len(rows) < 3 or "chief_to_worker" not in rows[0]:
+    if len(rows) < 3 or any(key not in rows[0] for key in keys):
         return None
-    return (rows[-1]["chief_to_worker"] - rows[1]["chief_to_worker"]) / (
-        rows[-1]["step"] - rows[1]["step"])
+    start, end = rows[1], rows[-1]
+    steps = end["step"] - start["step"]
+    return tuple((end[key] - start[key]) / steps for key in keys)
 
 
 def steady_bytes_lines(summaries):

@@ -51,6 +51,7 @@ import warnings
 import tensorflow as tf
 
 from tfgc import _compat
+from tfgc.codecs import base
 from tfgc.distribute import local_variable, num_workers, zeros_of
 from tfgc.memory import StagedResidual
 from tfgc.server_variables import created_by_name
@@ -99,29 +100,27 @@ class PackedPerWorker:
     """
 
     def __init__(self, specs, name):
-        self._specs = [(tf.TensorShape(shape), tf.as_dtype(dtype)) for shape, dtype in specs]
-        self._dtypes = list(dict.fromkeys(dtype for _, dtype in self._specs))
+        self._dtypes = [tf.as_dtype(dtype) for _, dtype in specs]
+        # Each dtype's shapes, in order: its buffer holds them end to end.
+        self._shapes = {}
+        for (shape, _), dtype in zip(specs, self._dtypes):
+            self._shapes.setdefault(dtype, []).append(tf.TensorShape(shape))
         self._buffers = {
-            dtype: local_variable(zeros_of([sum(self._sizes(dtype))], dtype),
+            dtype: local_variable(zeros_of([sum(s.num_elements() for s in shapes)], dtype),
                                   f"{name}/{dtype.name}", per_worker=True)
-            for dtype in self._dtypes}
-
-    def _sizes(self, dtype):
-        return [shape.num_elements() for shape, d in self._specs if d == dtype]
+            for dtype, shapes in self._shapes.items()}
 
     def read(self):
         """The tensors, in the order of `specs`."""
-        parts = {dtype: iter(tf.split(tf.convert_to_tensor(self._buffers[dtype]),
-                                      self._sizes(dtype)))
-                 for dtype in self._dtypes}
-        return [tf.reshape(next(parts[dtype]), shape) for shape, dtype in self._specs]
+        parts = {dtype: iter(base.split_flat(tf.convert_to_tensor(buffer), self._shapes[dtype]))
+                 for dtype, buffer in self._buffers.items()}
+        return [next(parts[dtype]) for dtype in self._dtypes]
 
     def assign(self, values):
         """The writes of `values` (tensors in the order of `specs`): one op per dtype."""
-        return [self._buffers[dtype].assign(tf.concat(
-                    [tf.reshape(value, [-1]) for value, (_, d) in zip(values, self._specs)
-                     if d == dtype], axis=0))
-                for dtype in self._dtypes]
+        return [buffer.assign(base.concat_flat(
+                    [value for value, d in zip(values, self._dtypes) if d == dtype]))
+                for dtype, buffer in self._buffers.items()]
 
 
 class _InnerState:
