@@ -231,6 +231,34 @@ def test_powersgd_warm_start_converges_to_the_best_rank_r_approximation(rng):
     assert errors[-1] < 1.001 * best  # ...the power steps find it
 
 
+def test_powersgd_sends_bfloat16_factors_and_keeps_their_rounding(rng):
+    layer = bound(C.PowerSGD(rank=2, factors_dtype="bfloat16"), [30, 20])
+    as_float32 = bound(C.PowerSGD(rank=2), [30, 20])
+    m = rng.normal(size=[30, 20]).astype(np.float32)
+    payload, sent = layer.encode_and_reconstruct(m)
+    assert {t.dtype for t in payload.values()} == {tf.bfloat16}
+    assert int(C.payload_nbytes(payload)) == 2 * 2 * (30 + 20)  # half of float32's
+    # What was sent is what the receiver decodes, rounding and all: error feedback keeps
+    # m - sent, so nothing is lost to the rounding.
+    np.testing.assert_array_equal(layer.decode(payload).numpy(), sent.numpy())
+    p = tf.cast(payload["p"], tf.float32).numpy().reshape(30, 2)
+    q = tf.cast(payload["q"], tf.float32).numpy().reshape(20, 2)
+    np.testing.assert_allclose(sent.numpy(), p @ q.T, atol=1e-5)
+    reference = as_float32.encode_and_reconstruct(m)[1].numpy()
+    assert np.linalg.norm(sent.numpy() - reference) < 0.01 * np.linalg.norm(reference)
+    assert C.PowerSGD.from_config(layer.settings.get_config()).factors_dtype == tf.bfloat16
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        C.PowerSGD(factors_dtype="float16")
+    with pytest.raises(MalformedPayloadError, match="bfloat16"):  # another codec's dtype
+        layer.decode({key: tf.cast(t, tf.float32) for key, t in payload.items()})
+    # Before start_step the gradient itself travels in bfloat16.
+    dense_first = bound(C.PowerSGD(rank=1, start_step=1, factors_dtype="bfloat16"), [20, 10])
+    payload, sent = dense_first.encode_and_reconstruct(m[:20, :10])
+    assert payload["dense"].dtype == tf.bfloat16 and payload["p"].shape == [0]
+    np.testing.assert_array_equal(sent.numpy(), tf.cast(payload["dense"], tf.float32).numpy()
+                                  .reshape(20, 10))
+
+
 def test_powersgd_is_exact_on_matrices_of_rank_r(rng):
     layer = bound(C.PowerSGD(rank=3), [50, 40])
     m = (rng.normal(size=[50, 3]) @ rng.normal(size=[3, 40])).astype(np.float32)
@@ -310,25 +338,27 @@ def _train(model, optimizer, x, y, steps):
                                       model.trainable_variables))
 
 
-def _model_and_optimizer(seed):
+def _model_and_optimizer(seed, factors_dtype="float32"):
     tf.keras.utils.set_random_seed(seed)
     model = tf_keras.Sequential([tf_keras.layers.Dense(32, activation="relu"),
                                  tf_keras.layers.Dense(10)])
     model.build([None, 24])
     optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1, momentum=0.9),
-                                          compression=C.PowerSGD(rank=2), min_elements=100)
+                                          compression=C.PowerSGD(rank=2, factors_dtype=factors_dtype),
+                                          min_elements=100)
     optimizer.build(model.trainable_variables)
     return model, optimizer
 
 
-def test_powersgd_state_survives_checkpoint_and_resume_bit_for_bit(rng, tmp_path):
+@pytest.mark.parametrize("factors_dtype", ["float32", "bfloat16"])
+def test_powersgd_state_survives_checkpoint_and_resume_bit_for_bit(rng, tmp_path, factors_dtype):
     x = tf.constant(rng.normal(size=[8, 16, 24]).astype(np.float32))
     y = tf.constant(rng.integers(0, 10, size=[8, 16]))
-    model, optimizer = _model_and_optimizer(0)
+    model, optimizer = _model_and_optimizer(0, factors_dtype)
     _train(model, optimizer, x[:4], y[:4], 4)
     path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
     _train(model, optimizer, x[4:], y[4:], 4)
-    again, resumed = _model_and_optimizer(1)  # other initial weights and Q
+    again, resumed = _model_and_optimizer(1, factors_dtype)  # other initial weights and Q
     tf.train.Checkpoint(model=again, optimizer=resumed).restore(path).assert_consumed()
     layer = resumed.codec_for(again.layers[0].kernel)
     assert isinstance(layer, PowerSGDLayer) and int(layer.step.numpy()) == 4
@@ -352,6 +382,12 @@ with strategy.scope():
     opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0),
                                     compression=tfgc.codecs.PowerSGD(rank=2), min_elements=10)
     opt.build(variables)
+    # The first kernel again, its P and Q summed in bfloat16 (same name: same first Q).
+    twin = tf.Variable(tf.zeros(shapes[0]), name="kernel0")
+    opt_b = tfgc.DistributedOptimizer(
+        tf_keras.optimizers.SGD(1.0), min_elements=10,
+        compression=tfgc.codecs.PowerSGD(rank=2, factors_dtype="bfloat16"))
+    opt_b.build([twin])
     opt_k = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(1.0),
                                       compression=tfgc.codecs.RandomK(0.05, seed=1),
                                       min_elements=10)
@@ -373,6 +409,7 @@ def step(gs, h, s):
     def fn():
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
         opt.apply_gradients([(tf.gather(g, r), v) for g, v in zip(gs, variables)])
+        opt_b.apply_gradients([(tf.gather(gs[0], r), twin)])
         opt_k.apply_gradients([(tf.gather(h, r), sparse)])
         opt_s.apply_gradients([(tf.gather(s, r), signum_kernel)])
         opt_v.apply_gradients([(tf.gather(s, r), vote_kernel)])
@@ -395,7 +432,7 @@ for t in range(6):
     before_s, before_v = signum_kernel.numpy(), vote_kernel.numpy()
     qs = [replicas(layer.q) for layer in layers]
     ms = [matrix(g, l) + matrix(np.stack(replicas(r)), l) for g, l, r in zip(gs, layers, residuals)]
-    befores, before_k = [v.numpy() for v in variables], sparse.numpy()
+    befores, before_k, before_b = [v.numpy() for v in variables], sparse.numpy(), twin.numpy()
     h_total = (h + np.stack(replicas(opt_k.encoder.residual(sparse)))).sum(0)
     step([tf.constant(g) for g in gs], tf.constant(h), tf.constant(s))
     # Signum: each replica's own momentum; the update sums their scaled signs.
@@ -421,6 +458,9 @@ for t in range(6):
             np.testing.assert_allclose(kept, m[r] - p @ p.T @ m[r], atol=2e-4)
         total_in[i] += matrix(gs[i], layer).sum(0)
         total_out[i] += update
+    # bfloat16 factors: the float32 factors' update, up to their rounding.
+    update = befores[0] - variables[0].numpy()
+    assert np.linalg.norm(before_b - twin.numpy() - update) < 0.02 * np.linalg.norm(update)
     # RandomK: 20 shared positions a step, the values (and residuals) summed there.
     moved = np.flatnonzero(before_k - sparse.numpy())
     assert len(moved) == 20, moved
@@ -431,6 +471,7 @@ for i, layer in enumerate(layers):
 # Bytes each replica put into the collectives: P and Q (4 * 2 * ((30 + 8) + (12 + 6))),
 # and the RandomK values alone (4 * 20; the seed and shape are not sent).
 assert int(opt.traffic["push_bytes"]) == 6 * 2 * 448, opt.traffic
+assert int(opt_b.traffic["push_bytes"]) == 6 * 2 * 2 * 2 * (30 + 8), opt_b.traffic
 assert int(opt_k.traffic["push_bytes"]) == 6 * 2 * 80, opt_k.traffic
 # Signum, all-gathered: 200 sign bits (25 B) with their length word, and the scale.
 assert int(opt_s.traffic["push_bytes"]) == 6 * 2 * (25 + 4 + 4), opt_s.traffic

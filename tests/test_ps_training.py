@@ -18,7 +18,7 @@ COORDINATOR = cluster_scripts.script(
     x = (data.images / 16.0).reshape(-1, 64).astype("float32")
     y = data.target
     name = sys.argv[1]
-    STATE = {"powersgd": "q", "signum": "momentum"}  # a bound codec's per-worker state
+    STATE = {"powersgd": "q", "powersgd_bfloat16": "q", "signum": "momentum"}  # a bound codec's per-worker state
     tf_keras.mixed_precision.set_global_policy(sys.argv[2] if len(sys.argv) > 2 else "float32")
     with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
@@ -29,6 +29,7 @@ COORDINATOR = cluster_scripts.script(
                 tf_keras.layers.Dense(10), tf_keras.layers.Activation("linear", dtype="float32")])
             opt = tf_keras.optimizers.SGD(0.1)
             codecs = {"threelc": tfgc.codecs.ThreeLC(1.0), "powersgd": tfgc.codecs.PowerSGD(2),
+                      "powersgd_bfloat16": tfgc.codecs.PowerSGD(2, factors_dtype="bfloat16"),
                       "signum": tfgc.codecs.Signum(0.9)}
             if name in codecs:
                 opt = tfgc.DistributedOptimizer(opt, compression=codecs[name])
@@ -81,6 +82,8 @@ def test_parameter_servers_receive_only_compressed_gradients(run_report):
 STATEFUL_PAYLOADS = {
     # Rank 2: P and Q of both kernels in float32.
     "powersgd": 4 * 2 * ((64 + 256) + (256 + 10)) + 2 * (256 + 10),
+    # The same in bfloat16.
+    "powersgd_bfloat16": 2 * 2 * ((64 + 256) + (256 + 10)) + 2 * (256 + 10),
     # Sign bits of both kernels, each with its length word and scale.
     "signum": (64 * 256 // 8 + 8) + (256 * 10 // 8 + 8) + 2 * (256 + 10),
 }

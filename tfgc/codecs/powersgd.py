@@ -16,6 +16,11 @@ same on every replica. Under ParameterServerStrategy and in one process the payl
 carries P and Q, the receiver multiplies them, and the warm start stays with the sender
 (per worker).
 
+P and Q travel as float32, or as bfloat16 with `factors_dtype="bfloat16"` (half the
+bytes, as PyTorch's fp16 wrapper around its PowerSGD hook): the rounding of each
+sender's own Q is part of what it sent, so error feedback keeps it; the shared P is
+rounded before it is made orthonormal, which tilts the subspace every replica shares.
+
 `PowerSGD(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
 per compressed variable) returns a `PowerSGDLayer` (a `tf.Module`: Q and the step count
 are checkpointed with the optimizer), or `NoCompression()` for a variable of rank < 2
@@ -27,6 +32,9 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfgc.codecs import base, identity
+
+#: The dtypes P and Q may travel in.
+FACTORS_DTYPES = (tf.float32, tf.bfloat16)
 
 #: Added to a column's norm before dividing by it (PyTorch's orthogonalization epsilon):
 #: a zero column stays zero instead of turning into NaN.
@@ -44,6 +52,10 @@ class PowerSGD(base.PerVariableSettings):
         compressed one; PyTorch suggests about 10% of training.
       seed: seeds Q's first value (the same on every replica, which the all-reduce
         needs).
+      factors_dtype: the dtype P and Q (and the gradient before `start_step`) travel
+        in: "float32" or "bfloat16" (float32's range, 8 bits of precision, half the
+        bytes). float16 is not offered: P = M Q grows with the gradient's square and
+        would overflow its range.
 
     Use with error feedback (`tfgc.DistributedOptimizer`'s default): without it the
     part of each gradient outside the shared subspace is lost for good.
@@ -54,16 +66,22 @@ class PowerSGD(base.PerVariableSettings):
     layer_class = "PowerSGDLayer"
 
     def __init__(self, rank: int = 1, min_compression_rate: float = 2.0,
-                 start_step: int = 0, seed: int = 0) -> None:
+                 start_step: int = 0, seed: int = 0, factors_dtype: str = "float32") -> None:
         self.rank = base.check_integer(rank, "PowerSGD rank", low=1)
         self.min_compression_rate = base.check_real(
             min_compression_rate, "PowerSGD min_compression_rate")
         self.start_step = base.check_integer(start_step, "PowerSGD start_step", low=0)
         self.seed = base.check_integer(seed, "PowerSGD seed", low=0, high=2**31 - 1)
+        self.factors_dtype = tf.as_dtype(factors_dtype)
+        if self.factors_dtype not in FACTORS_DTYPES:
+            raise ValueError(
+                "PowerSGD factors_dtype is float32 or bfloat16 (float16's range does not "
+                f"hold P = M Q of large gradients), got {self.factors_dtype.name}")
 
     def get_config(self):
         return {"rank": self.rank, "min_compression_rate": self.min_compression_rate,
-                "start_step": self.start_step, "seed": self.seed}
+                "start_step": self.start_step, "seed": self.seed,
+                "factors_dtype": self.factors_dtype.name}
 
     def matrix_shape(self, shape: base.Shape) -> Optional[tuple[int, int]]:
         """(rows, columns) of a gradient of `shape`, or None where it is not compressed
@@ -96,8 +114,9 @@ class PowerSGDLayer(tf.Module, base.Codec):
     around it). Elsewhere it is a codec: `encode` on the sender, `decode` on the
     receiver.
 
-    Payload: {"p": [rows * r], "q": [columns * r], "dense": [0]} float32, or before
-    `start_step` {"p": [0], "q": [0], "dense": the gradient, flat}.
+    Payload: {"p": [rows * r], "q": [columns * r], "dense": [0]}, or before `start_step`
+    {"p": [0], "q": [0], "dense": the gradient, flat}; all in the settings'
+    `factors_dtype`.
 
     State: q (the warm start, [columns, r]) and step (encodings so far); the sender's
     own, per worker under ParameterServerStrategy.
@@ -114,6 +133,9 @@ class PowerSGDLayer(tf.Module, base.Codec):
         self.shape = [int(d) for d in tf.TensorShape(shape)]
         self.rows, self.columns = settings.matrix_shape(shape)
         self.rank = settings.rank
+        self.factors_dtype = settings.factors_dtype
+        self._fields = {key: base.Field((self.factors_dtype,), rank=1)
+                        for key in ("p", "q", "dense")}
         self._salt = salt % 2**31
         with self.name_scope:
             self.q = base.sender_state(self._first_q, "q", topology)
@@ -129,12 +151,14 @@ class PowerSGDLayer(tf.Module, base.Codec):
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         # The all-reduce's power step, with this sender's own tensors as the sums.
+        # P travels too: what was sent is the product of both as the receiver has them.
         first, kept = self._first(x)
-        second, computed = self._second(first, kept)
+        second, computed = self._second(first, kept, p_travels=True)
         sent, _ = self._finish(first, second, kept, computed, x.dtype)
         (p, q), started = computed, kept[2]
-        dense = self._when_started(started, lambda: tf.zeros([0]), lambda: first)
-        return {"p": _flat(p, started), "q": _flat(q, started), "dense": dense}, sent
+        wire = self.factors_dtype
+        dense = self._when_started(started, lambda: tf.zeros([0], wire), lambda: first)
+        return {"p": _flat(p, started, wire), "q": _flat(q, started, wire), "dense": dense}, sent
 
     def decode(self, payload: base.Payload,
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
@@ -143,8 +167,8 @@ class PowerSGDLayer(tf.Module, base.Codec):
             raise base.MalformedPayloadError(
                 f"{self.name}: decodes tensors of shape {self.shape}, expected "
                 f"{base.static_dims(expected_shape, self.name)}")
-        fields = base.check_payload(payload, self.name, _FIELDS)
-        p, q, flat = fields["p"], fields["q"], fields["dense"]
+        fields = base.check_payload(payload, self.name, self._fields)
+        p, q, flat = (tf.cast(fields[key], tf.float32) for key in ("p", "q", "dense"))
         rows, columns, rank = self.rows, self.columns, self.rank
         low_rank_sizes, full_sizes = [rows * rank, columns * rank, 0], [0, 0, rows * columns]
 
@@ -194,21 +218,26 @@ class PowerSGDLayer(tf.Module, base.Codec):
 
     def _first(self, gradient):
         """What this layer puts into the first all-reduce (P = M Q, or M before
-        `start_step`), and what it keeps for the second: (flat tensor, (M, Q, started))."""
+        `start_step`, in `factors_dtype`), and what it keeps for the second: (flat
+        tensor, (M, Q, started))."""
         gradient = self._checked(gradient)
         matrix = tf.reshape(tf.cast(gradient, tf.float32), [self.rows, self.columns])
         q, started = self._read_state()
         first = self._when_started(started, lambda: tf.reshape(tf.matmul(matrix, q), [-1]),
                                    lambda: tf.reshape(matrix, [-1]))
-        return first, (matrix, q, started)
+        return tf.cast(first, self.factors_dtype), (matrix, q, started)
 
-    def _second(self, first_sum, kept):
-        """What it puts into the second all-reduce, from its part of the first's sum."""
+    def _second(self, first_sum, kept, p_travels=False):
+        """What it puts into the second all-reduce (in `factors_dtype`), from its part of
+        the first's sum, and (P, this replica's Q as sent) in float32; with `p_travels`
+        (the codec face) P as sent too."""
         matrix, q, started = kept
 
         def own_q():
-            p = orthonormal(tf.reshape(first_sum, [self.rows, self.rank]))
-            return p, tf.matmul(matrix, p, transpose_a=True)
+            p = orthonormal(tf.reshape(tf.cast(first_sum, tf.float32), [self.rows, self.rank]))
+            if p_travels:
+                p = self._as_sent(p)
+            return p, self._as_sent(tf.matmul(matrix, p, transpose_a=True))
 
         def no_q():
             return tf.zeros([self.rows, self.rank]), q
@@ -216,22 +245,27 @@ class PowerSGDLayer(tf.Module, base.Codec):
         p, local_q = self._when_started(started, own_q, no_q)
         second = self._when_started(started, lambda: tf.reshape(local_q, [-1]),
                                     lambda: tf.zeros([1]))
-        return second, (p, local_q)
+        return tf.cast(second, self.factors_dtype), (p, local_q)
 
     def _finish(self, first_sum, second_sum, kept, computed, dtype):
         """(the summed gradient, this replica's share) from both sums; advances the state."""
         matrix, q, started = kept
         p, local_q = computed
+        first_sum, second_sum = tf.cast(first_sum, tf.float32), tf.cast(second_sum, tf.float32)
         new_q = self._when_started(
             started, lambda: tf.reshape(second_sum, [self.columns, self.rank]), lambda: q)
         total = self._when_started(started, lambda: tf.matmul(p, new_q, transpose_b=True),
                                    lambda: tf.reshape(first_sum, [self.rows, self.columns]))
         own = self._when_started(started, lambda: tf.matmul(p, local_q, transpose_b=True),
-                                 lambda: matrix)
+                                 lambda: self._as_sent(matrix))
         with tf.control_dependencies(self._advance(new_q, started)):
             total = tf.identity(total)
         return (tf.cast(tf.reshape(total, self.shape), dtype),
                 tf.cast(tf.reshape(own, self.shape), dtype))
+
+    def _as_sent(self, tensor):
+        """`tensor` (float32) as the receivers have it: rounded to `factors_dtype`."""
+        return tf.cast(tf.cast(tensor, self.factors_dtype), tf.float32)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -290,6 +324,9 @@ def all_reduce_group(layers: Sequence[PowerSGDLayer], gradients: Sequence[tf.Ten
       ([P Q_sum^T per layer], [this replica's own share P P^T M per layer], [bytes this
       replica sent per layer]), the first two in each gradient's shape and dtype.
     """
+    if len({layer.factors_dtype for layer in layers}) > 1:
+        raise ValueError("layers summed together send P and Q in one factors_dtype, got "
+                         f"{sorted({layer.factors_dtype.name for layer in layers})}")
     sum_ = tf.distribute.ReduceOp.SUM
     firsts, kept = zip(*(layer._first(g) for layer, g in zip(layers, gradients)))
     first_sums = _split_like(replica_context.all_reduce(sum_, base.concat_flat(firsts)), firsts)
@@ -300,7 +337,8 @@ def all_reduce_group(layers: Sequence[PowerSGDLayer], gradients: Sequence[tf.Ten
     results = [layer._finish(a, b, k, c, tf.convert_to_tensor(g).dtype)
                for layer, a, b, k, c, g in zip(layers, first_sums, second_sums, kept, computed,
                                                gradients)]
-    nbytes = [4 * (tf.size(a, out_type=tf.int64) + tf.size(b, out_type=tf.int64))
+    nbytes = [layers[0].factors_dtype.size * (tf.size(a, out_type=tf.int64)
+                                              + tf.size(b, out_type=tf.int64))
               for a, b in zip(firsts, seconds)]
     return [total for total, _ in results], [own for _, own in results], nbytes
 
@@ -336,16 +374,9 @@ def _zero_padded(vector, size):
     return tf.concat([vector, tf.zeros([size])], 0)[:size]
 
 
-def _flat(matrix, started):
-    """`matrix` flat for the payload, or empty before `start_step`."""
-    flat = tf.reshape(matrix, [-1])
+def _flat(matrix, started, dtype):
+    """`matrix` flat in `dtype` for the payload, or empty before `start_step`."""
+    flat = tf.cast(tf.reshape(matrix, [-1]), dtype)
     if started is None:
         return flat
-    return tf.cond(started, lambda: flat, lambda: tf.zeros([0]))
-
-
-_FIELDS = {
-    "p": base.Field((tf.float32,), rank=1),
-    "q": base.Field((tf.float32,), rank=1),
-    "dense": base.Field((tf.float32,), rank=1),
-}
+    return tf.cond(started, lambda: flat, lambda: tf.zeros([0], dtype))
