@@ -338,6 +338,28 @@ def powersgd_long_headline():
         + [POWERSGD_LONG_RANK1.format(seed) for seed in range(POWERSGD_LONG_SEEDS)], True)
 
 
+POWERSGD_BFLOAT16 = "benchmarks/data/peer_codecs/powersgd_bfloat16_1800_mwms_loopback_seed{}.json"
+POWERSGD_BFLOAT16_CONFIG = "powersgd:rank=3,factors_dtype=bfloat16"
+
+
+def powersgd_bfloat16_headline():
+    """PowerSGD rank 3 with bfloat16 factors under MWMS over 1,800 steps (raw): socket
+    bytes against the same run's fp32 (seed 0), test accuracy against it (mean of 3
+    seeds), and whether both targets were met."""
+    seeds = [{r["config"]: r for r in read_json(POWERSGD_BFLOAT16.format(seed))}
+             for seed in range(POWERSGD_LONG_SEEDS)]
+    fp32, bf16 = seeds[0]["fp32"], seeds[0][POWERSGD_BFLOAT16_CONFIG]
+    ratio = fp32["socket_worker0_sent_bytes_per_step"] / bf16["socket_worker0_sent_bytes_per_step"]
+    points = np.mean([100 * (runs[POWERSGD_BFLOAT16_CONFIG]["test_accuracy"]
+                             - runs["fp32"]["test_accuracy"]) for runs in seeds])
+    met = ratio >= POWERSGD_SOCKET_TARGET and points >= POWERSGD_ACCURACY_POINTS
+    return Headline(
+        "powersgd-bfloat16-mwms-1800",
+        f"rank 3, bfloat16 P and Q: {_x(ratio)} fewer bytes, {_points(points)} points (1,800 "
+        f"steps, mean of {len(seeds)} seeds); both targets {'met' if met else 'not met'}",
+        [POWERSGD_BFLOAT16.format(seed) for seed in range(POWERSGD_LONG_SEEDS)], True)
+
+
 SIGNUM = "benchmarks/data/peer_codecs/signum_mwms_loopback_seed{}.json"
 SIGNUM_VOTE = "benchmarks/data/peer_codecs/signum_vote_mwms_loopback_seed{}.json"
 
@@ -706,7 +728,8 @@ def fuzz_headline():
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + [demo_links_headline()] + local_steps_headlines()
-            + [powersgd_headline(), powersgd_long_headline(), signum_headline(),
+            + [powersgd_headline(), powersgd_long_headline(), powersgd_bfloat16_headline(),
+               signum_headline(),
                signum_headline("signum-vote-mwms", SIGNUM_VOTE)]
             + accuracy_headlines() + wire_headlines() + entropy_headlines()
             + [codec_demo_headline(), bench_codecs_headline(), codec_speed_headline(),
