@@ -18,7 +18,8 @@ COORDINATOR = cluster_scripts.script(
     x = (data.images / 16.0).reshape(-1, 64).astype("float32")
     y = data.target
     name = sys.argv[1]
-    STATE = {"powersgd": "q", "powersgd_bfloat16": "q", "signum": "momentum"}  # a bound codec's per-worker state
+    # A bound codec's per-worker state.
+    STATE = {"powersgd": "q", "powersgd_bfloat16": "q", "signum": "momentum"}
     tf_keras.mixed_precision.set_global_policy(sys.argv[2] if len(sys.argv) > 2 else "float32")
     with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
