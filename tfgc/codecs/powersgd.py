@@ -236,8 +236,9 @@ class PowerSGDLayer(tf.Module, base.Codec):
         def own_q():
             p = orthonormal(tf.reshape(tf.cast(first_sum, tf.float32), [self.rows, self.rank]))
             if p_travels:
-                p = self._as_sent(p)
-            return p, self._as_sent(tf.matmul(matrix, p, transpose_a=True))
+                p = base.round_to(p, self.factors_dtype)
+            return p, base.round_to(tf.matmul(matrix, p, transpose_a=True),
+                                     self.factors_dtype)
 
         def no_q():
             return tf.zeros([self.rows, self.rank]), q
@@ -257,15 +258,11 @@ class PowerSGDLayer(tf.Module, base.Codec):
         total = self._when_started(started, lambda: tf.matmul(p, new_q, transpose_b=True),
                                    lambda: tf.reshape(first_sum, [self.rows, self.columns]))
         own = self._when_started(started, lambda: tf.matmul(p, local_q, transpose_b=True),
-                                 lambda: self._as_sent(matrix))
+                                 lambda: base.round_to(matrix, self.factors_dtype))
         with tf.control_dependencies(self._advance(new_q, started)):
             total = tf.identity(total)
         return (tf.cast(tf.reshape(total, self.shape), dtype),
                 tf.cast(tf.reshape(own, self.shape), dtype))
-
-    def _as_sent(self, tensor):
-        """`tensor` (float32) as the receivers have it: rounded to `factors_dtype`."""
-        return tf.cast(tf.cast(tensor, self.factors_dtype), tf.float32)
 
     # --- state ---------------------------------------------------------------------------
 
