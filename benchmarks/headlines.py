@@ -212,6 +212,7 @@ def local_steps_headlines():
     heads.append(local_steps_ps_headline())
     heads.append(local_steps_ps_bytes_headline())
     heads.append(local_steps_ps_accuracy_headline())
+    heads.append(local_steps_ps_1mbit_headline())
     return heads
 
 
@@ -279,6 +280,39 @@ def local_steps_ps_bytes_headline():
         "and back than synchronous ThreeLC (after the first epoch); target about H: "
         f"{_span(shares[0], _percent)} of H to the servers, {_span(shares[1], _percent)} "
         "back", [LOCAL_STEPS_PS_BYTES], True)
+
+
+LOCAL_STEPS_PS_1MBIT = "benchmarks/data/local_steps/ps_1mbit_one_trace/summaries.json"
+LOCAL_STEPS_PS_1MBIT_FP32 = ("benchmarks/data/local_steps/ps_1mbit_one_trace/"
+                             "fp32_40_steps_summary.json")
+SOONER_THAN_FP32_TARGET, SOONER_THAN_THREELC_TARGET = 50.0, 3.0
+
+
+def local_steps_ps_1mbit_headline():
+    """Local steps under parameter servers at 1 Mbit/s (raw, models.cluster_demo and fp32
+    through models.train): how much sooner the best local-steps run reaches a training
+    accuracy than fp32 (one that fp32's 40 steps reach too) and than synchronous ThreeLC
+    (one that every compressed run reaches)."""
+    from models.cluster_demo import time_to_accuracy
+
+    compressed = [s for s in read_json(LOCAL_STEPS_PS_1MBIT) if s["link"] == "1mbit"]
+    fp32 = read_json(LOCAL_STEPS_PS_1MBIT_FP32)
+
+    def seconds(summaries):
+        return {s.get("local_steps", 1): r for s, r in zip(summaries, time_to_accuracy(summaries))}
+
+    with_fp32, alone = seconds([fp32, *compressed]), seconds(compressed)
+    target_fp32, fp32_s = time_to_accuracy([fp32, *compressed])[0]
+    local = [h for h in alone if h > 1]
+    than_fp32 = max(fp32_s / with_fp32[h][1] for h in local)
+    than_threelc = max(alone[1][1] / alone[h][1] for h in local)
+    return Headline(
+        "local-steps-ps-1mbit",
+        f"best local steps {_x(than_fp32)} sooner than fp32 to a training accuracy of "
+        f"{target_fp32:.3f} (target 50x {_verdict(than_fp32, SOONER_THAN_FP32_TARGET)}), "
+        f"{_x(than_threelc)} sooner than synchronous ThreeLC to {alone[1][0]:.3f} (target "
+        f"3x {_verdict(than_threelc, SOONER_THAN_THREELC_TARGET)})",
+        [LOCAL_STEPS_PS_1MBIT, LOCAL_STEPS_PS_1MBIT_FP32], True)
 
 
 POWERSGD = "benchmarks/data/peer_codecs/powersgd_mwms_loopback{}.json"

@@ -50,6 +50,7 @@ def main(argv=None):
                 compression=tfgc.codecs.ThreeLC(1.0), pull_compression=tfgc.codecs.ThreeLC(1.0),
                 min_elements=1)  # tfgc: this toy model's tensors are tiny
             model.compile(optimizer, loss="mse", steps_per_execution=10)
+        tfgc.build_for_fit(model, dataset)  # tfgc: fit traces its step once, and sends it once
 
         working_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "my_working_dir")
         log_dir = os.path.join(working_dir, "log")

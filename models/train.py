@@ -313,6 +313,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.DATA)
         train_ds = train_ds.with_options(options)
+    # Otherwise tf_keras traces the first step twice, and under PSS sends both to each task.
+    tfgc.build_for_fit(model, train_ds)
 
     per_batch = args.strategy != "ps"
     recorder = recorder_classes()[per_batch](

@@ -183,15 +183,42 @@ def tf_keras_steps_per_execution(model):
     return getattr(model, "_steps_per_execution", None)
 
 
+@_hook("tf_keras_compiled_metrics", "tf_keras",
+       "a compiled tf_keras Model's `compiled_metrics` container, its `built` and its "
+       "`build(y_pred, y_true)`")
+def _probe_tf_keras_compiled_metrics():
+    import tf_keras  # noqa: PLC0415
+
+    container = _module("tf_keras.src.engine.compile_utils").MetricsContainer
+    _method(container, "build")
+    if "compiled_metrics" not in inspect.getsource(tf_keras.Model.compile):
+        raise LookupError("Model.compile sets no compiled_metrics")
+    return None
+
+
+def tf_keras_build_compiled_metrics(model, y_true, y_pred):
+    """Builds the metrics a tf_keras model was compiled with (their variables), as its
+    first train step would, without updating them; a no-op where they are built.
+
+    Relies on `tf_keras.Model.compiled_metrics` and its `built` and `build`
+    (tf_keras.src.engine.compile_utils.MetricsContainer).
+    """
+    _internal("tf_keras_compiled_metrics")
+    container = getattr(model, "compiled_metrics", None)
+    if container is not None and not container.built:
+        container.build(y_pred, y_true)
+
+
 @_hook("tf_keras_sgd_step", "tf_keras",
        "tf_keras.optimizers.Optimizer's `_learning_rate` (a value or a schedule of "
        "`iterations`) and `_use_weight_decay`")
 def _probe_tf_keras_sgd_step():
     import tf_keras  # noqa: PLC0415
 
-    optimizer = tf_keras.optimizers.SGD(0.1)
-    if not hasattr(optimizer, "_learning_rate"):
-        raise LookupError("an Optimizer has no _learning_rate")
+    # Read from the source, not an instance: the first probe can run while a step is
+    # traced, and an optimizer made there would be variables made in the trace.
+    if "_learning_rate" not in inspect.getsource(tf_keras.optimizers.Optimizer.learning_rate.fget):
+        raise LookupError("an Optimizer's learning_rate reads no _learning_rate")
     _method(tf_keras.optimizers.Optimizer, "_use_weight_decay")
     return tf_keras.optimizers.schedules.LearningRateSchedule
 
