@@ -29,10 +29,19 @@ COORDINATOR = cluster_scripts.script(
                                             compression=tfgc.codecs.ThreeLC(1.0))
             model.compile(optimizer=opt,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        from tensorflow.python.eager import context
+
+        class CountTraces(keras.callbacks.Callback):
+            # Traces of the step in the eager context: each is sent to every task.
+            def on_epoch_end(self, epoch, logs=None):
+                self.traces = sum(name.startswith("__inference_train_step")
+                                  for name in context.context().list_function_names())
+
+        traces = CountTraces()
         before = c.traffic_between("worker", "ps")
         history = tfgc.fit_on_parameter_servers(
             model, strategy, dataset_fn, epochs=3, steps_per_epoch=15,
-            callbacks=[tfgc.callbacks.TrafficLogger()])
+            callbacks=[tfgc.callbacks.TrafficLogger(), traces])
         rows = c.settled_socket_bytes()  # the last step's push may still be crossing
         send_report({
             "history": history,
@@ -41,6 +50,7 @@ COORDINATOR = cluster_scripts.script(
             "worker_to_ps": c.traffic_between("worker", "ps", rows=rows) - before,
             "residuals": len(opt._residuals),
             "kernel_device": model.trainable_variables[0].value.device,
+            "traces": traces.traces,
         })
     """
 )
@@ -57,6 +67,9 @@ def test_keras3_model_trains_on_parameter_servers_with_compressed_pushes(run_rep
     assert len(loss) == 3 and loss[-1] < 0.8 * loss[0], loss
     assert "/job:ps/" in report["kernel_device"]
     assert report["residuals"] == 2  # per-worker error feedback for the two kernels
+    # The optimizer is built before the step is traced: one trace (a first trace that
+    # made its variables would be traced again, and both sent to every task).
+    assert report["traces"] == 1
     # Every step counted once, although two workers step concurrently (Keras 3's own
     # increment is a read and a write).
     assert report["iterations"] == STEPS

@@ -56,6 +56,12 @@ def fit_on_parameter_servers(model, strategy, dataset_fn, epochs, steps_per_epoc
         lambda: strategy.distribute_datasets_from_function(dataset_fn))
     iterator = iter(per_worker_data)
     optimizer = model.optimizer
+    if not optimizer.built:
+        # Built here, not in the step's first trace: a tf.function whose first trace
+        # makes variables traces again, and the coordinator sends every trace to every
+        # task.
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
 
     @tf.function
     def train_step(iterator):
