@@ -216,9 +216,9 @@ def local_steps_headlines():
     return heads
 
 
-LOCAL_STEPS_PS = "benchmarks/data/local_steps/ps_10mbit/summaries.json"
-# The same demo without fp32, after local steps' pulls and calls shrank.
-LOCAL_STEPS_PS_BYTES = "benchmarks/data/local_steps/ps_10mbit_coordinator_calls/summaries.json"
+# The demo at 10 Mbit/s with fp32 and every H, after `fit` traced its step once.
+LOCAL_STEPS_PS = "benchmarks/data/local_steps/ps_10mbit_one_trace/summaries.json"
+LOCAL_STEPS_PS_BYTES = LOCAL_STEPS_PS
 LOCAL_STEPS_PS_RECOMPUTED = ("benchmarks/data/local_steps/ps_recomputed_statistics/"
                              "{}summaries.json")
 LOCAL_STEPS_PS_SEEDS = ("", "seed1/", "seed2/")
