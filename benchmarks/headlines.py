@@ -282,7 +282,7 @@ def local_steps_ps_bytes_headline():
         "back", [LOCAL_STEPS_PS_BYTES], True)
 
 
-LOCAL_STEPS_PS_1MBIT = "benchmarks/data/local_steps/ps_1mbit_one_trace/summaries.json"
+LOCAL_STEPS_PS_1MBIT = "benchmarks/data/local_steps/ps_1mbit_one_trace/{}summaries.json"
 LOCAL_STEPS_PS_1MBIT_FP32 = ("benchmarks/data/local_steps/ps_1mbit_one_trace/"
                              "fp32_40_steps_summary.json")
 SOONER_THAN_FP32_TARGET, SOONER_THAN_THREELC_TARGET = 50.0, 3.0
@@ -295,24 +295,31 @@ def local_steps_ps_1mbit_headline():
     (one that every compressed run reaches)."""
     from models.cluster_demo import time_to_accuracy
 
-    compressed = [s for s in read_json(LOCAL_STEPS_PS_1MBIT) if s["link"] == "1mbit"]
+    seeds = [[s for s in read_json(LOCAL_STEPS_PS_1MBIT.format(key)) if s["link"] == "1mbit"]
+             for key in LOCAL_STEPS_PS_SEEDS]
     fp32 = read_json(LOCAL_STEPS_PS_1MBIT_FP32)
 
     def seconds(summaries):
         return {s.get("local_steps", 1): r for s, r in zip(summaries, time_to_accuracy(summaries))}
 
-    with_fp32, alone = seconds([fp32, *compressed]), seconds(compressed)
-    target_fp32, fp32_s = time_to_accuracy([fp32, *compressed])[0]
+    with_fp32, alone = seconds([fp32, *seeds[0]]), seconds(seeds[0])
+    target_fp32, fp32_s = time_to_accuracy([fp32, *seeds[0]])[0]
     local = [h for h in alone if h > 1]
     than_fp32 = max(fp32_s / with_fp32[h][1] for h in local)
     than_threelc = max(alone[1][1] / alone[h][1] for h in local)
+    # Each seed to an accuracy its runs all reach; the ratio of the seeds' total times.
+    per_seed = [seconds(runs) for runs in seeds]
+    totals = {h: sum(reached[h][1] for reached in per_seed) for h in per_seed[0]}
+    over_seeds = max(totals[1] / totals[h] for h in local)
     return Headline(
         "local-steps-ps-1mbit",
         f"best local steps {_x(than_fp32)} sooner than fp32 to a training accuracy of "
         f"{target_fp32:.3f} (target 50x {_verdict(than_fp32, SOONER_THAN_FP32_TARGET)}), "
-        f"{_x(than_threelc)} sooner than synchronous ThreeLC to {alone[1][0]:.3f} (target "
-        f"3x {_verdict(than_threelc, SOONER_THAN_THREELC_TARGET)})",
-        [LOCAL_STEPS_PS_1MBIT, LOCAL_STEPS_PS_1MBIT_FP32], True)
+        f"{_x(than_threelc)} sooner than synchronous ThreeLC to {alone[1][0]:.3f} (seed 0; "
+        f"{_x(over_seeds)} over {len(seeds)} seeds; target 3x "
+        f"{_verdict(over_seeds, SOONER_THAN_THREELC_TARGET)})",
+        [LOCAL_STEPS_PS_1MBIT.format(key) for key in LOCAL_STEPS_PS_SEEDS]
+        + [LOCAL_STEPS_PS_1MBIT_FP32], True)
 
 
 POWERSGD = "benchmarks/data/peer_codecs/powersgd_mwms_loopback{}.json"
