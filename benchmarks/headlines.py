@@ -300,17 +300,18 @@ def local_steps_ps_1mbit_headline():
              for key in LOCAL_STEPS_PS_SEEDS]
     fp32 = read_json(LOCAL_STEPS_PS_1MBIT_FP32)
 
-    def seconds(summaries):
-        return {s.get("local_steps", 1): r for s, r in zip(summaries, time_to_accuracy(summaries))}
+    def by_local_steps(summaries, reached):
+        return {s.get("local_steps", 1): r for s, r in zip(summaries, reached)}
 
-    with_fp32, alone = seconds([fp32, *seeds[0]]), seconds(seeds[0])
-    target_fp32, fp32_s = time_to_accuracy([fp32, *seeds[0]])[0]
+    # Each seed to an accuracy its runs all reach; seed 0 also to one fp32 reaches.
+    per_seed = [by_local_steps(runs, time_to_accuracy(runs)) for runs in seeds]
+    (target_fp32, fp32_s), *to_fp32_target = time_to_accuracy([fp32, *seeds[0]])
+    with_fp32, alone = by_local_steps(seeds[0], to_fp32_target), per_seed[0]
     local = [h for h in alone if h > 1]
     than_fp32 = max(fp32_s / with_fp32[h][1] for h in local)
     than_threelc = max(alone[1][1] / alone[h][1] for h in local)
-    # Each seed to an accuracy its runs all reach; the ratio of the seeds' total times.
-    per_seed = [seconds(runs) for runs in seeds]
-    totals = {h: sum(reached[h][1] for reached in per_seed) for h in per_seed[0]}
+    # Over the seeds: the ratio of their total times.
+    totals = {h: sum(seed[h][1] for seed in per_seed) for h in alone}
     over_seeds = max(totals[1] / totals[h] for h in local)
     return Headline(
         "local-steps-ps-1mbit",
