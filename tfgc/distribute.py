@@ -86,7 +86,7 @@ def local_variable(initial_value, name, per_worker):
                                per_worker_variable=per_worker,
                                experimental_enable_variable_lifting=not per_worker)
         if per_worker:
-            return _compat.share_per_worker_handle(variable)
+            return server_variables.per_worker_by_name(variable)
         return server_variables.by_name(variable)
     if strategy.num_replicas_in_sync > 1:
         return tf.Variable(

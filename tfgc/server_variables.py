@@ -60,11 +60,12 @@ class NamedServerVariable(_compat.ResourceVariable):
     Args:
       variable: the variable to copy (its value, device, name and settings); it is
         left as it is and can be dropped.
+      resource_name: the resource's name on its device (default: one of its own).
     """
 
-    def __init__(self, variable):  # pylint: disable=super-init-not-called
+    def __init__(self, variable, resource_name=None):  # pylint: disable=super-init-not-called
         name = variable.name.split(":")[0]
-        self._resource_name = f"tfgc_{_TOKEN}_{next(_SERIAL)}_{name}"
+        self._resource_name = resource_name or _unique_resource_name(name)
         device = variable.device
         with tf.init_scope(), tf.device(device):
             handle = tf.raw_ops.VarHandleOp(
@@ -78,8 +79,9 @@ class NamedServerVariable(_compat.ResourceVariable):
         _compat.init_variable_from_handle(self, handle, variable,
                                           unique_id=self._resource_name, handle_name=name)
         # A named resource outlives its handles unless it is destroyed.
-        self._deleter = _Deleter(handle, device)
-        self._graph_handles = weakref.WeakKeyDictionary()  # function graph -> handle
+        self._deleter = _Deleter(handle, device, synchronous=resource_name is not None)
+        self._graph_handles = _GraphHandles(self._resource_name, self.dtype, self.shape,
+                                            device=device)
 
     @property
     def handle(self):
@@ -87,27 +89,59 @@ class NamedServerVariable(_compat.ResourceVariable):
         if (tf.executing_eagerly() or not _compat.is_function_graph(graph)
                 or _compat.in_save_context()):
             return _compat.resource_handle(self)
-        if graph not in self._graph_handles:
-            self._graph_handles[graph] = self._handle_in(graph)
-        return self._graph_handles[graph]
+        return self._graph_handles(graph)
 
     @property
     def device(self):
         # The server's, also inside a cond or loop body (where `handle` is a capture).
         return _compat.resource_handle(self).device
 
+
+def per_worker_by_name(variable):
+    """`variable`, a per-worker variable of ParameterServerStrategy, with each worker's
+    copy a named resource that a traced function looks up on the worker running it:
+    TensorFlow would pass the worker's handle with every call instead (~90 bytes per
+    variable and call). Any other variable is returned as it is."""
+    resource_name = _unique_resource_name(variable.name.split(":")[0])
+    return _compat.name_per_worker_copies(
+        variable,
+        named_copy=lambda created: NamedServerVariable(created, resource_name=resource_name),
+        # No device: the lookup runs where the function does, on the dispatching worker.
+        graph_handle=_GraphHandles(resource_name, variable.dtype, variable.shape, device=None))
+
+
+def _unique_resource_name(name):
+    return f"tfgc_{_TOKEN}_{next(_SERIAL)}_{name}"
+
+
+class _GraphHandles:
+    """A named resource's handle in each traced function: one `VarHandleOp` per
+    function graph, made in the outermost function graph it is nested in (so that every
+    use in one traced step is one tensor, which orders them) and captured by the inner
+    ones (a cond or loop body).
+
+    Args:
+      resource_name, dtype, shape: the resource's.
+      device: where to look it up; None: where the function runs.
+    """
+
+    def __init__(self, resource_name, dtype, shape, device):
+        self._resource_name, self._dtype, self._shape = resource_name, dtype, shape
+        self._device = device
+        self._handles = weakref.WeakKeyDictionary()  # function graph -> handle
+
+    def __call__(self, graph):
+        if graph not in self._handles:
+            self._handles[graph] = self._handle_in(graph)
+        return self._handles[graph]
+
     def _handle_in(self, graph):
-        """The handle for `graph`: made in the outermost function graph it is nested in
-        (so that every use in one traced step is one tensor, which orders them) and
-        captured by the inner ones (a cond or loop body)."""
         outer = graph.outer_graph
         if _compat.is_function_graph(outer):
-            with outer.as_default():
-                outer_handle = self.handle
-            return graph.capture(outer_handle)
-        with tf.control_dependencies(None), tf.device(_compat.resource_handle(self).device):
+            return graph.capture(self(outer))
+        with graph.as_default(), tf.control_dependencies(None), tf.device(self._device):
             handle = tf.raw_ops.VarHandleOp(
-                dtype=self.dtype, shape=self.shape, shared_name=self._resource_name)
+                dtype=self._dtype, shape=self._shape, shared_name=self._resource_name)
         # A VarHandleOp is stateful without a resource input, so TensorFlow's automatic
         # control dependencies would chain it after the step's earlier stateful ops
         # (asserts, other handles): every named variable's first use would wait for
@@ -137,21 +171,33 @@ class _NamedCachingVariable(_compat.CachingVariable):
 
 class _Deleter:
     """Destroys a named resource when its variable is collected (as TensorFlow's
-    `EagerResourceDeleter`), quietly when its server is gone already: a cluster that
-    shut down took the resource with it."""
+    `EagerResourceDeleter`), quietly when its task is gone already: a cluster that
+    shut down took the resource with it.
 
-    __slots__ = ["_resource", "_device", "_context"]
+    Args:
+      handle, device: the resource's eager handle and its device.
+      synchronous: destroy it on an executor of its own, where a failure ends there.
+        A worker's copy of a per-worker variable needs it: it is collected when the
+        worker restarts (the copy on the dead process is replaced), in whichever thread
+        the garbage collector runs, and on a coordinator's worker thread (an
+        asynchronous executor) the failed destroy would fail that worker's next steps.
+    """
 
-    def __init__(self, handle, device):
+    __slots__ = ["_resource", "_device", "_context", "_synchronous"]
+
+    def __init__(self, handle, device, synchronous=False):
         self._resource, self._device = handle, device
         self._context = _compat.eager_context()  # kept alive until the op below has run
+        self._synchronous = synchronous
 
     def __del__(self):
         try:
-            with _compat.eager_mode(), tf.device(self._device):
+            with (_compat.eager_mode(), tf.device(self._device),
+                  _compat.synchronous_executor() if self._synchronous
+                  else contextlib.nullcontext()):
                 tf.raw_ops.DestroyResourceOp(resource=self._resource, ignore_lookup_error=True)
         except (tf.errors.OpError, TypeError, AttributeError):
-            pass  # the server is gone, or so is the interpreter's state at exit
+            pass  # the task is gone, or so is the interpreter's state at exit
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from tfgc._compat.tensorflow_hooks import (
     caching_variable_inner, distribute_strategy_of, eager_context, eager_mode,
     export_to_saved_model_graph, in_save_context, init_variable_from_handle,
     is_function_graph, is_savedmodel_save, ps_num_workers, resource_handle,
-    set_parent_trackable, set_sharded_container, share_per_worker_handle, trackable_children,
+    name_per_worker_copies, set_parent_trackable, set_sharded_container, synchronous_executor, trackable_children,
     unwrap_caching_variable, variable_accessed,
 )
 from tfgc._compat.tf_keras_hooks import (

@@ -1,5 +1,6 @@
 """tfgc._compat's TensorFlow hooks, probed when this module is imported (TensorFlow is
 loaded by then, so it costs nothing) except those marked otherwise."""
+import contextlib
 import inspect
 import weakref
 
@@ -154,6 +155,15 @@ def _probe_eager_context():
     return context.context, context.eager_mode
 
 
+@_hook("synchronous_executor", "tensorflow",
+       "tensorflow.python.eager.executor.new_executor and context.executor_scope")
+def _probe_synchronous_executor():
+    executor = _module("tensorflow.python.eager.executor")
+    _method(executor.Executor, "clear_error")
+    context = _module("tensorflow.python.eager.context")
+    return executor.new_executor, context.executor_scope
+
+
 @_hook("ps_num_workers", "tensorflow",
        "the `_num_workers` attribute of ParameterServerStrategy")
 def _probe_ps_num_workers():
@@ -161,17 +171,16 @@ def _probe_ps_num_workers():
 
 
 @_hook("PerWorkerVariable", "tensorflow",
-       "tensorflow.python.distribute.ps_values.PerWorkerVariable: its `handle` (a "
-       "call-time capture of the dispatching worker's handle, made anew at each access), "
-       "handle_call_time_value and _maybe_create_per_worker_vars; and the `key` of "
-       "FuncGraph.capture_call_time_value")
+       "tensorflow.python.distribute.ps_values.PerWorkerVariable: its `handle`, "
+       "_maybe_create_per_worker_vars, and the `_var_creator` (what each worker runs to "
+       "make its copy) and `_coordinator_instance` its constructor sets")
 def _probe_per_worker_variable():
     per_worker = _module("tensorflow.python.distribute.ps_values").PerWorkerVariable
-    for method in ("handle_call_time_value", "_maybe_create_per_worker_vars"):
-        _method(per_worker, method)
-    capture = _module("tensorflow.python.framework.func_graph").FuncGraph.capture_call_time_value
-    if "key" not in inspect.signature(capture).parameters:
-        raise LookupError("FuncGraph.capture_call_time_value takes no key")
+    _method(per_worker, "_maybe_create_per_worker_vars")
+    constructor = inspect.getsource(per_worker.__init__)
+    for attribute in ("_var_creator", "_coordinator_instance"):
+        if f"self.{attribute} =" not in constructor:
+            raise LookupError(f"PerWorkerVariable.__init__ sets no {attribute}")
     return per_worker
 
 
@@ -222,6 +231,25 @@ def eager_mode():
     Relies on `tensorflow.python.eager.context.eager_mode`.
     """
     return _resolved["eager_context"][1]()
+
+
+@contextlib.contextmanager
+def synchronous_executor():
+    """A context manager that runs its body's eager ops on a synchronous executor of
+    their own: an op's error is raised there and then, not kept by the thread's
+    (ParameterServerStrategy: asynchronous) executor to fail the thread's next ops, and
+    the executor forgets it at the end (it would raise it again when collected).
+
+    Relies on `tensorflow.python.eager.executor.new_executor` (and its executors'
+    `clear_error`) and `tensorflow.python.eager.context.executor_scope`.
+    """
+    new_executor, executor_scope = _resolved["synchronous_executor"]
+    executor = new_executor(enable_async=False)
+    try:
+        with executor_scope(executor):
+            yield
+    finally:
+        executor.clear_error()
 
 
 def variable_accessed(variable):
@@ -344,48 +372,55 @@ def is_savedmodel_save(save_type):
     return str(getattr(save_type, "value", save_type)) == "savedmodel"
 
 
-def share_per_worker_handle(variable):
-    """Makes a traced function use one input for all accesses of a per-worker variable.
+def name_per_worker_copies(variable, named_copy, graph_handle):
+    """Makes a traced function reach each worker's copy of a per-worker variable by name.
 
-    TensorFlow's per-worker variable captures its handle anew at each access in a traced
-    function (each read, each write), and the coordinator sends every such capture with
-    every call: ~280 bytes per access per step (measured: 1 read 0.57 KB per call, 40
-    reads 11.6 KB), which made a local-steps step of ResNet-20 send 113 KB from the
-    coordinator. Once shared, reads and writes of one variable also see one resource
-    tensor, which orders them (TensorFlow's own captures are not ordered). Other
+    TensorFlow's per-worker variable captures its handle at call time: the coordinator
+    sends the dispatching worker's handle (~90 bytes) with every call of a traced
+    function, for every per-worker variable the function touches (a ResNet-20 step with
+    compressed pulls and local steps: ~100 of them, 9 KB of every call). Here each
+    worker's copy is made by `named_copy(created)`, a resource with a name shared by all
+    workers' copies, and a traced function's `handle` is `graph_handle(graph)`, a lookup
+    of that name on the worker that runs the function: nothing crosses per call. Other
     variables are returned as they are.
 
-    Relies on `PerWorkerVariable.handle`, `handle_call_time_value`,
-    `_maybe_create_per_worker_vars` and `FuncGraph.capture_call_time_value(key=...)`.
+    TensorFlow re-runs the creator for a restarted worker, so its copies are made and
+    named again (from their initial values, as TensorFlow's). The coordinator's own
+    instance is named too: a function traced and run on the coordinator (a
+    checkpoint's save or restore) finds it there, as TensorFlow's handle gives it.
+
+    Relies on `PerWorkerVariable.handle`, its `_var_creator` (what each worker runs to
+    make its copy), `_coordinator_instance` and `_maybe_create_per_worker_vars`.
     """
     per_worker = _resolved["PerWorkerVariable"]
-    if type(variable) is per_worker:
-        variable.__class__ = _shared_handle_class(per_worker)
+    if type(variable) is not per_worker:
+        return variable
+    creator = variable._var_creator  # noqa: SLF001
+    variable._var_creator = lambda: named_copy(creator())  # noqa: SLF001
+    variable._coordinator_instance = named_copy(variable._coordinator_instance)  # noqa: SLF001
+    variable.__dict__["_tfgc_graph_handle"] = graph_handle
+    variable.__class__ = _named_copies_class(per_worker)
     return variable
 
 
-_SHARED_HANDLE_CLASSES = {}
+_NAMED_COPIES_CLASSES = {}
 
 
-def _shared_handle_class(per_worker):
-    """The subclass of `per_worker` whose graph handle is one capture per variable."""
-    if per_worker not in _SHARED_HANDLE_CLASSES:
+def _named_copies_class(per_worker):
+    """The subclass of `per_worker` whose graph handle is a lookup by name."""
+    if per_worker not in _NAMED_COPIES_CLASSES:
 
-        class SharedHandlePerWorkerVariable(per_worker):
+        class NamedCopiesPerWorkerVariable(per_worker):
             @property
             def handle(self):
                 tf = _module("tensorflow")
                 if tf.executing_eagerly() or in_save_context():
                     return super().handle  # the coordinator's instance, as TensorFlow's
                 self._maybe_create_per_worker_vars()  # noqa: SLF001
-                closure, spec = self.handle_call_time_value()
-                # One placeholder per variable and graph, under a key of this variable's.
-                key = self.__dict__.setdefault("_tfgc_handle_key", object())
-                graph = tf.compat.v1.get_default_graph()
-                return graph.capture_call_time_value(closure, spec, key=key)
+                return self._tfgc_graph_handle(tf.compat.v1.get_default_graph())
 
-        _SHARED_HANDLE_CLASSES[per_worker] = SharedHandlePerWorkerVariable
-    return _SHARED_HANDLE_CLASSES[per_worker]
+        _NAMED_COPIES_CLASSES[per_worker] = NamedCopiesPerWorkerVariable
+    return _NAMED_COPIES_CLASSES[per_worker]
 
 
 _check_tensorflow_hooks()

@@ -16,7 +16,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence, Union
 
 import tensorflow as tf
 
-from tfgc import _compat
+from tfgc import server_variables
 from tfgc.codecs.validation import (  # noqa: F401  (codecs reach them as base.<name>)
     MAX_ELEMENTS, MAX_DECODED_ELEMENTS, MalformedPayloadError, decode_expecting,
     decoded_element_bound, Field, FLOATING, INDEX_DTYPES, SHAPE, BYTES, FLOAT_SCALAR,
@@ -88,7 +88,7 @@ def sender_state(initial_value, name: str, topology: Topology) -> tf.Variable:
     if topology.parameter_server:
         # Made from inside a traced step (an optimizer builds at its first step): it
         # must skip tf.function's initializer lifting, as tfgc.distribute's are.
-        return _compat.share_per_worker_handle(tf.Variable(
+        return server_variables.per_worker_by_name(tf.Variable(
             initial_value, trainable=False, name=name, per_worker_variable=True,
             experimental_enable_variable_lifting=False))
     return replica_state(initial_value, name, topology)
