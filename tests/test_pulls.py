@@ -61,9 +61,15 @@ def test_pulls_full_once_then_compressed_deltas_tracked_by_the_snapshot():
         return loss
 
     rng = np.random.default_rng(0)
+    initial = v.master.numpy()
     step(tf.constant(rng.normal(size=[64, 32]), tf.float32))
-    # The first pull was a full one: the cache held the master's initial value.
+    # The first pull was a full one, in bfloat16: the cache holds the master's initial
+    # value as rounded, and so does the snapshot, which leaves the rounding to the deltas.
     assert bool(v.synced.numpy())
+    rounded = tf.cast(tf.cast(initial, tf.bfloat16), tf.float32).numpy()
+    np.testing.assert_array_equal(v.cache.numpy(), rounded)
+    np.testing.assert_array_equal(v.snapshots.numpy()[0], rounded)
+    assert not np.array_equal(rounded, initial)
     for _ in range(5):
         read_by_last_pull = v.master.numpy()
         step(tf.constant(rng.normal(size=[64, 32]), tf.float32))
@@ -75,9 +81,23 @@ def test_pulls_full_once_then_compressed_deltas_tracked_by_the_snapshot():
     traffic = {k: int(t.numpy()) for k, t in opt.traffic.items()}
     dense = 64 * 32 * 4
     assert traffic["pull_dense_bytes"] == 6 * dense
-    # One full pull, then five Int8 pulls of about a quarter of the bytes. The full
+    # One full pull of half the bytes, then five Int8 pulls of about a quarter. The full
     # pull's message also carries the (unused) delta payload: six payloads in all.
-    assert dense + 6 * dense // 4 <= traffic["pull_bytes"] < dense + 6 * (dense // 4 + 64)
+    full = dense // 2
+    assert full + 6 * dense // 4 <= traffic["pull_bytes"] < full + 6 * (dense // 4 + 64)
+
+
+def test_an_uncompressed_full_pull_sends_the_masters_as_they_are():
+    v = tfgc.get_variable("w", [64, 32], initializer="glorot_uniform")
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.5), compression=C.NoCompression(),
+                                    pull_compression=C.NoCompression())
+    opt.build([v])
+    initial = v.master.numpy()
+    tf.function(lambda: v * 1.0)()  # the first read pulls
+    np.testing.assert_array_equal(v.cache.numpy(), initial)  # float32, not rounded
+    dense = 64 * 32 * 4
+    # The full section and the (unused) delta payload, each the dense bytes, and framing.
+    assert 2 * dense <= int(opt.traffic["pull_bytes"].numpy()) < 2 * dense + 64
 
 
 def test_gradients_flow_through_the_cache_to_the_master():

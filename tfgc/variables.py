@@ -13,7 +13,8 @@ Only the payload crosses PS -> worker. `snapshot[w]` always equals worker w's ca
 what one pull leaves out stays in the next delta: this is 3LC's error accumulation for
 pulls, kept per worker because ParameterServerStrategy runs workers asynchronously.
 A worker whose caches are new (first step, or a restarted worker whose per-worker
-variables were recreated) first does one full fp32 pull, so it never diverges.
+variables were recreated) first does one full pull (tfgc.wire.pull), so it never
+diverges.
 
 The variables one parameter server hosts are pulled together, in one fused message
 per step with one worker index and one full/delta decision (tfgc.wire.pull).

@@ -10,8 +10,8 @@ read of any of them, the worker pulls all of them at once:
              (a batched codec's deltas: one payload for all, `Codec.encode_and_reconstruct_flat`)
              full = the masters' bytes if not synced, else nothing
              message = Layout.pack([payload_1, ..., payload_k, {"full": full}])
-             snapshot_i[w] = synced ? snapshot_i[w] + decode(payload_i) : master_i
-    worker:  cache_i = synced ? cache_i + decode(payload_i) : master_i (from `full`)
+             snapshot_i[w] = synced ? snapshot_i[w] + decode(payload_i) : full_i
+    worker:  cache_i = synced ? cache_i + decode(payload_i) : full_i
 
 One worker index and one full/delta decision per step serve every variable, and the
 selection is arithmetic (no cond across devices), so the only tensors that cross are
@@ -21,7 +21,11 @@ others its state says so (-1), and the server's part and the worker's decoding s
 a branch each side takes on its own, so an empty message comes back and the cache
 keeps what the worker's own steps made of it. A new cache (the first
 step, or a restarted worker, whose per-worker variables TensorFlow recreates) is
-unsynced and takes one full pull of all variables.
+unsynced and takes one full pull of all variables. Where the group's pulls compress,
+a full pull of float32 masters sends them in bfloat16, half the bytes of the largest
+message a worker receives: the snapshot row holds what was sent, so the rounding
+stays in the next deltas, as what any pull leaves out does. Uncompressed pulls
+(`NoCompression`) send them as they are.
 
 Both sides work on the group's values as one flat vector (variables in payload order,
 so each payload's are contiguous): the subtraction, the snapshot update, the full
@@ -31,8 +35,9 @@ That keeps the traced step small, which is most of what a first step costs.
 import tensorflow as tf
 
 from tfgc.codecs import base
+from tfgc.codecs.identity import NoCompression
 from tfgc.distribute import (
-    colocated_with, dense_nbytes, local_variable, num_workers, worker_index)
+    colocated_with, local_variable, num_workers, worker_index)
 from tfgc.wire.message import (
     Layout, checked_size, from_bytes, payload_units, shares_by_position, to_bytes)
 
@@ -79,7 +84,11 @@ class ParameterServerPull:
             self.snapshots = local_variable(
                 tf.zeros([num_workers(), sum(self._sizes)], self.dtype), "pull_snapshots",
                 per_worker=False)
-        self._full_nbytes = sum(dense_nbytes(v.master) for v in self.variables)
+        # A full pull's dtype: the snapshot keeps the rounding for the next deltas.
+        lossless = all(isinstance(codec, NoCompression) for codec in self.codecs)
+        self._full_dtype = (tf.bfloat16 if self.dtype == tf.float32 and not lossless
+                            else self.dtype)
+        self._full_nbytes = sum(self._sizes) * self._full_dtype.size
 
     def snapshots_of(self, variable):
         """`variable`'s rows of the snapshot buffer, [workers, *shape]."""
@@ -150,7 +159,7 @@ class ParameterServerPull:
                           for unit, payload in zip(self._units, unpacked)])
         # One cond for the group, on its flat vector (each cond traces two functions).
         return tf.cond(synced, lambda: currents + deltas,
-                       lambda: from_bytes(full, self.dtype))
+                       lambda: tf.cast(from_bytes(full, self._full_dtype), self.dtype))
 
     def _split(self, flat):
         """The variables' tensors, shaped, from the group's flat vector (flat order)."""
@@ -158,14 +167,14 @@ class ParameterServerPull:
 
     def _counted(self, layout, payloads, full, synced):
         """[(master, bytes of the message it accounts for)]: its share of its payload,
-        and its dense bytes on a full pull; what the full section costs beyond those
-        (its length word) goes to the first."""
+        and its bytes in the full section on a full pull; what the full section costs
+        beyond those (its length word) goes to the first."""
         *per_payload, full_share = layout.payload_nbytes(payloads + [{"full": full}])
         counted = shares_by_position(self._units, per_payload, self._sizes)
         counted[0] += full_share - tf.size(full, out_type=tf.int64)
         full_pull = tf.where(synced, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
-        dense = tf.constant([dense_nbytes(v.master) for v in self.variables], tf.int64)
-        counted = tf.unstack(tf.stack(counted) + full_pull * dense, num=len(self.variables))
+        in_full = tf.constant([size * self._full_dtype.size for size in self._sizes], tf.int64)
+        counted = tf.unstack(tf.stack(counted) + full_pull * in_full, num=len(self.variables))
         return list(zip((v.master for v in self.variables), counted))
 
     def _serve(self, state):
@@ -186,9 +195,10 @@ class ParameterServerPull:
                 self._unit_values(deltas, unit), self._shapes(unit))
             for unit in self._units))
         sent = _concat(list(sent_by_unit))
-        new_row = tf.where(synced, row + sent, values)
+        full_values = tf.cast(values, self._full_dtype)
+        new_row = tf.where(synced, row + sent, tf.cast(full_values, self.dtype))
         full = tf.cond(synced, on_device(self.device, lambda: tf.zeros([0], tf.uint8)),
-                       on_device(self.device, lambda: to_bytes(values)))
+                       on_device(self.device, lambda: to_bytes(full_values)))
         layout, message = Layout.pack(list(payloads) + [{"full": full}])
         with tf.control_dependencies([message]):  # encoded before the snapshots move
             self.snapshots.scatter_update(tf.IndexedSlices(new_row[None], rows))
