@@ -1,4 +1,5 @@
-"""Parameter-server variables that a traced step reaches by name, not by a passed handle.
+"""Variables that a traced step reaches by name, not by a passed handle: those on the
+parameter servers, and the workers' copies of per-worker variables.
 
 TensorFlow passes every resource that a step's parameter-server part touches as an
 argument of the remote function call: one ~87-byte remote handle per variable and
@@ -13,6 +14,11 @@ SavedModel exports use the handle as any variable does.
 so for the variables made in `tfgc.compressed_pulls()` (the masters of the pulled
 weights, and the others, such as batch-norm statistics), for the slots of a tf_keras
 `DistributedOptimizer` and for its own server state.
+
+`per_worker_by_name(variable)` does the same for the copies of a per-worker variable:
+each worker's copy (and the coordinator's) is a resource of one shared name, and a
+traced step looks that name up on the worker that runs it, where TensorFlow would pass
+the worker's handle with every call.
 
 TensorFlow's internals used here (the variable classes, the variable constructor's
 private arguments) are reached through tfgc._compat.
@@ -60,7 +66,9 @@ class NamedServerVariable(_compat.ResourceVariable):
     Args:
       variable: the variable to copy (its value, device, name and settings); it is
         left as it is and can be dropped.
-      resource_name: the resource's name on its device (default: one of its own).
+      resource_name: the resource's name on its device: one that the copies of a
+        per-worker variable share, one on each worker (see `per_worker_by_name`);
+        default: a name of its own.
     """
 
     def __init__(self, variable, resource_name=None):  # pylint: disable=super-init-not-called
@@ -78,7 +86,8 @@ class NamedServerVariable(_compat.ResourceVariable):
         _compat.set_parent_trackable(handle, self)
         _compat.init_variable_from_handle(self, handle, variable,
                                           unique_id=self._resource_name, handle_name=name)
-        # A named resource outlives its handles unless it is destroyed.
+        # A named resource outlives its handles unless it is destroyed; a worker's copy
+        # of a per-worker variable on an executor of its own (see _Deleter).
         self._deleter = _Deleter(handle, device, synchronous=resource_name is not None)
         self._graph_handles = _GraphHandles(self._resource_name, self.dtype, self.shape,
                                             device=device)
