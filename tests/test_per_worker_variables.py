@@ -37,8 +37,7 @@ COORDINATOR = cluster_scripts.script(
         with strategy.scope():
             counters = [make(f"counter{{i}}") for i in range({VARIABLES})]
 
-        @tf.function
-        def step():
+        def update():
             seen = []
             for _ in range({ACCESSES}):
                 counters[0].assign_add(tf.ones([4]))
@@ -46,6 +45,13 @@ COORDINATOR = cluster_scripts.script(
             for counter in counters[1:]:
                 counter.assign_add(tf.ones([4]))
             return tf.stack(seen)
+
+        step = tf.function(update)
+
+        @tf.function
+        def tagged_step():  # which worker ran it, and its count after
+            return (tf.distribute.coordinator.experimental_get_current_worker_index(),
+                    update()[-1])
 
         first = coordinator.schedule(step)
         coordinator.join()
@@ -57,13 +63,18 @@ COORDINATOR = cluster_scripts.script(
         sent = c.traffic_between("chief", "worker", rows=rows) - before
         report = {{"bytes_per_call": sent / {CALLS}, "first": first.fetch().tolist(),
                    "last": calls[-1].fetch().tolist(),
-                   "per_worker": [[float(v.numpy()[0]) for v in counter.read_all()]
-                                  for counter in counters]}}
+                   "before_tagged": [float(v.numpy()[0]) for v in counters[0].read_all()]}}
+        tagged = [coordinator.schedule(tagged_step) for _ in range({CALLS})]
+        coordinator.join()
+        report["tagged"] = [[int(worker), float(count)]
+                            for worker, count in (call.fetch() for call in tagged)]
+        report["per_worker"] = [[float(v.numpy()[0]) for v in counter.read_all()]
+                                for counter in counters]
         if tfgc_made:
             # Each worker's copy is a named resource, destroyed with its variable.
             name = counters[0]._tfgc_graph_handle._resource_name
             report["exists"] = [resource_exists(name, w) for w in workers]
-            del counters, step, first, calls
+            del counters, step, tagged_step, first, calls, tagged
             gc.collect()
             report["exists_after_del"] = [resource_exists(name, w) for w in workers]
         send_report(report)
@@ -83,11 +94,20 @@ def test_a_step_passes_no_handle_for_per_worker_variables(run_report):
     assert made["first"] == [float(i) for i in range(1, ACCESSES + 1)]
     last = made["last"]
     assert last == [last[0] + i for i in range(ACCESSES)] and last[0] % ACCESSES == 1
-    # Each worker updates its own copy: both took calls, and every variable's copy on a
-    # worker counts that worker's calls.
+    # Each worker updates its own copies: every variable's copy on a worker counts that
+    # worker's calls (the first variable ACCESSES a call, the others one), and the
+    # counts add up to the calls.
     for result in (plain, made):
-        calls_on = [value / ACCESSES for value in result["per_worker"][0]]
-        assert sum(calls_on) == CALLS + 1 and min(calls_on) >= 1
-        assert all(counts == calls_on for counts in result["per_worker"][1:])
+        calls_on = [count / ACCESSES for count in result["per_worker"][0]]
+        assert sum(calls_on) == 1 + 2 * CALLS
+        assert all(copies == calls_on for copies in result["per_worker"][1:])
+    # And the calls a worker ran (tagged with its index) counted on from its copy's
+    # count, one after the other, to its copy's count at the end. (TensorFlow's own
+    # per-worker variables do not order a read after the write before it.)
+    for worker in range(2):
+        start = made["before_tagged"][worker]
+        ends = sorted(count for index, count in made["tagged"] if index == worker)
+        assert ends == [start + ACCESSES * (i + 1) for i in range(len(ends))]
+        assert made["per_worker"][0][worker] == start + ACCESSES * len(ends)
     assert made["exists"] == [True, True]
     assert made["exists_after_del"] == [False, False]
