@@ -238,8 +238,13 @@ def test_fastsgd_indexed_slices_encode_like_their_dense_tensor(rng, rows, row_sh
                               tf.constant([num_rows] + row_shape))
     codec = C.FastSGD()
     sparse, dense = codec.encode(slices), codec.encode(tf.convert_to_tensor(slices))
-    for key in ("keys", "values", "sum"):
-        np.testing.assert_array_equal(sparse[key].numpy(), dense[key].numpy())
+    # The same codes and sum; the sparse payload keys its distinct rows, not elements.
+    for key in ("values", "sum"):
+        np.testing.assert_array_equal(sparse["row_values." + key].numpy(), dense[key].numpy())
+    np.testing.assert_array_equal(tfgc_ops.unpack_keys(sparse["rows"]).numpy(),
+                                  np.unique(indices))
+    np.testing.assert_array_equal(tf.convert_to_tensor(codec.decode(sparse)).numpy(),
+                                  codec.decode(dense).numpy())
 
 
 def test_fastsgd_indexed_slices_keep_their_dtype_and_refuse_rows_out_of_range():
@@ -266,10 +271,10 @@ def test_fastsgd_values_alone_decode_like_the_full_payload(rng, threshold):
     keyed = codec.encode(tf.IndexedSlices(values, indices, dense_shape))
     alone = codec.encode_values(values)
     assert "keys" not in alone and "dense_shape" not in alone
-    np.testing.assert_array_equal(alone["values"].numpy(), keyed["values"].numpy())
+    np.testing.assert_array_equal(alone["values"].numpy(), keyed["row_values.values"].numpy())
     # The shorter list of positions travels: those dropped (a few here with the
     # paper's tau), or those kept (few with tau = 3).
-    kept = keyed["values"].shape[0]
+    kept = keyed["row_values.values"].shape[0]
     dropped_listed = threshold == 128
     assert (kept > 75) == dropped_listed
     assert alone["kept_listed"].numpy().tolist() == [0 if dropped_listed else 1]

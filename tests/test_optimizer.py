@@ -7,6 +7,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfgc
+from tfgc.codecs.rows import distinct_rows
 
 C = tfgc.codecs
 
@@ -98,10 +99,16 @@ def test_sparse_gradients_stay_sparse_and_apply_like_plain_keras(rng):
         np.testing.assert_allclose(variable.numpy(), reference.numpy(), atol=1e-6)
         untouched = [1, 2, 4, 5, 6, 8, 9]
         np.testing.assert_array_equal(variable.numpy()[untouched], start[untouched])
-        # The payload, plus the lengths of its vectors in the fused message.
-        payload = int(C.base.payload_nbytes(codec.encode(gradient)))
+        # The payload of the distinct rows (row 3's two summed, as tf_keras sums them),
+        # plus the lengths of its vectors in the fused message.
+        distinct = distinct_rows(gradient)
+        assert distinct.indices.numpy().tolist() == [0, 3, 7]
+        payload = int(C.base.payload_nbytes(codec.encode(distinct)))
         pushed = int(opt.traffic["push_bytes"].numpy())
         assert payload <= pushed <= payload + 4 * 4 < 10 * 5 * 4, codec
+        # What plain TensorFlow sends: the three rows and their int32 ids.
+        assert int(opt.traffic["push_plain_bytes"].numpy()) == 3 * (5 * 4 + 4)
+        assert opt._residuals == {}
 
 
 def test_fit_with_threelc_learns_like_uncompressed():
@@ -235,7 +242,7 @@ def test_traffic_logger_reports_each_step(tmp_path):
     assert bias["push_bytes"] == bias["push_dense_bytes"] // 2  # float16
     assert sum(v["push_bytes"] for v in by_variable.values()) == int(opt.traffic["push_bytes"])
     rows = per_variable_path.read_text().splitlines()
-    assert rows[0] == "step,variable,direction,bytes,dense_bytes"
+    assert rows[0] == "step,variable,direction,bytes,plain_bytes,dense_bytes"
     assert len(rows) == 1 + 10 * 4  # four variables pushed every step
     step0 = [r.split(",") for r in rows[1:5]]
     assert {r[1] for r in step0} == set(by_variable) and {r[2] for r in step0} == {"push"}

@@ -25,7 +25,7 @@ __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "ResidualFeedback", "DistributedOptimizer",
     "get_variable", "compressed_pulls", "batch_norm_on_server", "recompute_statistics",
     "fit_on_parameter_servers", "build_for_fit",
-    "BoundedAdam", "OuterSGD", "cluster", "mqgrad",
+    "BoundedAdam", "CompressedEmbedding", "OuterSGD", "cluster", "mqgrad",
 ]
 
 
@@ -38,6 +38,7 @@ _NEED_TF_KERAS = {
     "callbacks": ("tfgc.callbacks", None, "holds tf_keras callbacks"),
     "telemetry": ("tfgc.telemetry", None, "holds tf_keras callbacks"),
     "BoundedAdam": ("tfgc.optimizer.bounded_adam", "BoundedAdam", "is a tf_keras optimizer"),
+    "CompressedEmbedding": ("tfgc.lookups", "CompressedEmbedding", "is a tf_keras layer"),
 }
 
 

@@ -62,8 +62,9 @@ def zeros_of(shape, dtype):
     return functools.partial(tf.zeros, shape, dtype)
 
 
-def local_variable(initial_value, name, per_worker):
-    """A variable each replica updates on its own copy of; reading it sums the copies.
+def local_variable(initial_value, name, per_worker, saved_alone=False):
+    """A variable each replica updates on its own copy of; reading it sums the copies
+    (or, with `saved_alone`, gives this worker's first copy).
 
     Under ParameterServerStrategy it is one copy per worker if `per_worker`, else one
     variable on a parameter server that every worker adds to. The strategy's variable
@@ -75,6 +76,10 @@ def local_variable(initial_value, name, per_worker):
         a tensor is copied from the coordinator to every worker over the network.
       name: the variable's name.
       per_worker: under ParameterServerStrategy, one copy per worker.
+      saved_alone: under all-reduce strategies, a read outside the replicas (a
+        checkpoint's save, `BackupAndRestore`'s every few steps) gives this worker's
+        first replica's copy, where a sum would be one all-reduce across the workers per
+        save; a restore gives every replica that copy.
     """
     strategy = tf.distribute.get_strategy()
     if is_parameter_server(strategy):
@@ -92,7 +97,8 @@ def local_variable(initial_value, name, per_worker):
         return tf.Variable(
             initial_value, trainable=False, name=name,
             synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
+            aggregation=(tf.VariableAggregation.ONLY_FIRST_REPLICA if saved_alone
+                         else tf.VariableAggregation.SUM),
         )
     return tf.Variable(initial_value, trainable=False, name=name)
 

@@ -7,8 +7,10 @@ import tf_keras
 from tfgc.optimizer.base import compressing_optimizer
 
 COLUMNS = (
-    "push_bytes", "push_dense_bytes", "compression_ratio", "bits_per_value",
-    "pull_bytes", "pull_dense_bytes", "pull_compression_ratio", "pull_bits_per_value",
+    "push_bytes", "push_plain_bytes", "push_dense_bytes", "compression_ratio",
+    "dense_compression_ratio", "bits_per_value",
+    "pull_bytes", "pull_plain_bytes", "pull_dense_bytes", "pull_compression_ratio",
+    "pull_dense_compression_ratio", "pull_bits_per_value",
 )
 
 
@@ -17,10 +19,13 @@ class TrafficLogger(tf_keras.callbacks.Callback):
 
     Keys, as means per step over the epoch (History, TensorBoard, CSVLogger and the
     progress bar's epoch line see them): `push_bytes` (bytes on the wire for one step's
-    gradients), `push_dense_bytes` (the same gradients uncompressed),
-    `compression_ratio` and `bits_per_value` (of pushes, the gradients' dtype taken as
-    4 bytes); where pulls are compressed also `pull_bytes`, `pull_dense_bytes`,
-    `pull_compression_ratio` and `pull_bits_per_value`. Counts are exact (they add up
+    gradients), `push_plain_bytes` (what plain TensorFlow sends for the same step: dense
+    gradients as dense tensors, a sparse gradient's distinct rows and their ids),
+    `push_dense_bytes` (every gradient as a dense tensor), `compression_ratio` (plain
+    TensorFlow's bytes over tfgc's: the saving a user sees on the sockets),
+    `dense_compression_ratio` (dense bytes over tfgc's, the ratio papers report) and
+    `bits_per_value` (of pushes, per dense value of a 4-byte dtype); where pulls are
+    compressed also the same `pull_` keys. Counts are exact (they add up
     `payload_nbytes` of what was sent) and per step of the optimizer
     (`optimizer.iterations`), so `steps_per_execution` does not change them.
 
@@ -89,7 +94,8 @@ class TrafficLogger(tf_keras.callbacks.Callback):
             self._file, self._writer = _open_csv(self.csv_path, ("step",) + COLUMNS)
         if self.per_variable_csv_path:
             self._variable_file, self._variable_writer = _open_csv(
-                self.per_variable_csv_path, ("step", "variable", "direction", "bytes", "dense_bytes")
+                self.per_variable_csv_path, ("step", "variable", "direction", "bytes", "plain_bytes",
+                 "dense_bytes")
             )
             self._last_by_variable = self.optimizer.traffic_by_variable()
         self._last = self._reading() if self._writer or self._variable_writer else None
@@ -137,10 +143,12 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         for name, counts in now.items():
             before = self._last_by_variable.get(name, {})
             for direction in ("push", "pull"):
-                sent = counts[f"{direction}_bytes"] - before.get(f"{direction}_bytes", 0)
-                dense = counts[f"{direction}_dense_bytes"] - before.get(f"{direction}_dense_bytes", 0)
+                sent, plain, dense = (
+                    counts[f"{direction}_{kind}"] - before.get(f"{direction}_{kind}", 0)
+                    for kind in ("bytes", "plain_bytes", "dense_bytes"))
                 if dense:
-                    self._variable_writer.writerow([batch, name, direction, sent, dense])
+                    self._variable_writer.writerow([batch, name, direction, sent, plain,
+                                                    dense])
         self._last_by_variable = now
 
     def _epoch_figures(self):
@@ -183,12 +191,15 @@ def per_step_traffic(before, after, steps, with_pulls=False):
     """
     result = {}
     for direction, prefix in (("push", ""), ("pull", "pull_")):
-        sent = (after[f"{direction}_bytes"] - before[f"{direction}_bytes"]) / steps
-        dense = (after[f"{direction}_dense_bytes"] - before[f"{direction}_dense_bytes"]) / steps
+        sent, plain, dense = (
+            (after[f"{direction}_{kind}"] - before[f"{direction}_{kind}"]) / steps
+            for kind in ("bytes", "plain_bytes", "dense_bytes"))
         if direction == "pull" and not dense and not with_pulls:
             continue
         result[f"{direction}_bytes"] = float(sent)
+        result[f"{direction}_plain_bytes"] = float(plain)
         result[f"{direction}_dense_bytes"] = float(dense)
-        result[f"{prefix}compression_ratio"] = dense / sent if sent else 0.0
+        result[f"{prefix}compression_ratio"] = plain / sent if sent else 0.0
+        result[f"{prefix}dense_compression_ratio"] = dense / sent if sent else 0.0
         result[f"{prefix}bits_per_value"] = 32.0 * sent / dense if dense else 0.0
     return result

@@ -1,14 +1,16 @@
 """Byte counters, fed by the wires that carried the bytes.
 
 Per direction ("push": gradients to where they are applied, "pull": model deltas to the
-workers) one int64 counter of shape [2, variables + 1]: row 0 the bytes on the wire,
-row 1 the bytes of the dense tensors they replace, one column per variable (by its
+workers) one int64 counter of shape [3, variables + 1]: row 0 the bytes on the wire,
+row 1 the bytes of the dense tensors they replace, row 2 the bytes plain TensorFlow
+sends for the same step (a dense gradient's dense bytes; a sparse gradient's distinct
+rows and their ids, `tfgc.codecs.rows.plain_nbytes`), one column per variable (by its
 position in the optimizer at the first build; the last column for variables built
 later and for the batch-norm statistics a push carries). A step adds to each direction
 once.
 """
 import contextlib
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -25,10 +27,21 @@ class NotAVariable(NamedTuple):
     dense_nbytes: int
 
 
+class Sent(NamedTuple):
+    """What a wire sent of one variable's gradient in a step."""
+
+    variable: Any  # the variable, or a `NotAVariable`
+    nbytes: Any  # the payload's bytes (an int or an int64 scalar tensor)
+    plain: Optional[Any] = None  # what plain TensorFlow sends; None: the dense tensor
+
+
+ROWS = ("bytes", "dense_bytes", "plain_bytes")
+
+
 def counter_variables(num_variables):
     """{direction: a zero counter} for `num_variables` variables, made where every
     replica or worker adds to it (see `tfgc.distribute.local_variable`)."""
-    return {d: local_variable(tf.zeros([2, num_variables + 1], tf.int64), f"{d}_traffic",
+    return {d: local_variable(tf.zeros([len(ROWS), num_variables + 1], tf.int64), f"{d}_traffic",
                               per_worker=False)
             for d in DIRECTIONS}
 
@@ -49,18 +62,19 @@ class TrafficCounters:
         self._position = position
 
     def record(self, direction, sent, happened=None):
-        """Adds one step's [(variable, payload bytes)] to the `direction` counter;
-        returns the update (None for nothing sent).
+        """Adds one step's sends (`Sent`s, or (variable, payload bytes) pairs) to the
+        `direction` counter; returns the update (None for nothing sent).
 
         `happened`: a boolean scalar, False where the step did not make the transfer
-        after all (a pull a worker skips in its local steps): its dense bytes then
-        count 0, as its payload bytes do."""
+        after all (a pull a worker skips in its local steps): its dense and plain bytes
+        then count 0, as its payload bytes do."""
         if not sent:
             return
+        sent = [Sent(*entry) for entry in sent]
         other = len(self.names) - 1
-        columns = [other if isinstance(v, NotAVariable) else min(self._position(v), other)
-                   for v, _ in sent]
-        indices = [[row, c] for row in (0, 1) for c in columns]
+        columns = [other if isinstance(s.variable, NotAVariable)
+                   else min(self._position(s.variable), other) for s in sent]
+        indices = [[row, c] for row in range(len(ROWS)) for c in columns]
         counter = self._counters[direction]
         # Under ParameterServerStrategy the update is built on the counter's server,
         # where the wires count their bytes: a dense update made on the worker would
@@ -69,29 +83,38 @@ class TrafficCounters:
                  else contextlib.nullcontext())
         with place:
             # One constant for all the dense sizes: a traced step records many variables.
-            dense = tf.constant([_dense_nbytes(v) for v, _ in sent], tf.int64)
+            dense = tf.constant([_dense_nbytes(s.variable) for s in sent], tf.int64)
+            if all(s.plain is None for s in sent):
+                plain = dense
+            else:
+                plain = tf.stack([tf.cast(s.plain, tf.int64) if s.plain is not None
+                                  else dense[i] for i, s in enumerate(sent)])
             if happened is not None:
                 dense *= tf.cast(happened, tf.int64)
-            updates = tf.concat([tf.stack([tf.cast(b, tf.int64) for _, b in sent]), dense], 0)
+                plain *= tf.cast(happened, tf.int64)
+            updates = tf.concat(
+                [tf.stack([tf.cast(s.nbytes, tf.int64) for s in sent]), dense, plain], 0)
             return counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
     def totals(self):
-        """Cumulative `push_bytes`, `push_dense_bytes`, `pull_bytes`, `pull_dense_bytes`
-        as scalar tensors."""
+        """Cumulative `<direction>_bytes` (on the wire), `<direction>_dense_bytes` (the
+        dense tensors) and `<direction>_plain_bytes` (what plain TensorFlow sends) for
+        "push" and "pull", as scalar tensors."""
         totals = {}
         for direction, counter in self._counters.items():
             sums = tf.reduce_sum(tf.convert_to_tensor(counter), axis=1)
-            totals[f"{direction}_bytes"], totals[f"{direction}_dense_bytes"] = sums[0], sums[1]
+            for row, kind in enumerate(ROWS):
+                totals[f"{direction}_{kind}"] = sums[row]
         return totals
 
     def by_variable(self):
-        """{variable name: {"push_bytes", "push_dense_bytes", "pull_bytes",
-        "pull_dense_bytes"}} as Python ints, for the variables that were sent (eager)."""
+        """{variable name: {"push_bytes", "push_dense_bytes", "push_plain_bytes", and the
+        same for "pull"}} as Python ints, for the variables that were sent (eager)."""
         counts = {d: tf.convert_to_tensor(c).numpy() for d, c in self._counters.items()}
         return {
             name: {
                 f"{d}_{kind}": int(counts[d][row, column])
-                for d in DIRECTIONS for row, kind in enumerate(("bytes", "dense_bytes"))
+                for d in DIRECTIONS for row, kind in enumerate(ROWS)
             }
             for column, name in enumerate(self.names)
             if any(counts[d][1, column] for d in DIRECTIONS)

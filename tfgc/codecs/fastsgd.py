@@ -7,14 +7,13 @@ L(v) = ceil(log_b R(v)); values with L > tau are dropped (early stop: |v| < sum 
 never reaches the logarithm). The receiver rebuilds |v| = sum / b^L, which never exceeds
 the true |v| (the paper's deliberate underestimate), with the sign kept.
 """
-import collections.abc
-
 from typing import Optional, Union
 
 import tensorflow as tf
 
 import tfgc_ops
 from tfgc.codecs import base
+from tfgc.codecs import rows as sparse_rows
 from tfgc.codecs.base import check_integer, check_real  # `base` is also an argument
 
 SIGN_BIT = 0x80
@@ -31,13 +30,14 @@ class FastSGD(base.Codec):
 
     Each kept value is one byte: a sign bit and L - 1 in seven bits (an L of 0, which
     only the sole non-zero value of a tensor can have, is sent as 1: a further
-    underestimate by b). Dense tensors send their non-zero elements as key/value pairs;
-    for IndexedSlices, duplicate indices are summed first and keys are flattened element
-    indices of the dense shape.
+    underestimate by b). Dense tensors send their non-zero elements as key/value pairs.
+    IndexedSlices send their distinct rows (repeated indices summed first): the rows'
+    ids packed as keys and the rows' values as `encode_values` sends them
+    (`tfgc.codecs.rows.SparseRows`).
 
     Payload: {"keys": packed keys, "values": uint8 codes, "sum": float32 (float64 for
-    float64 input), "dtype": an empty tensor of the input's dtype, and "shape" (dense)
-    or "dense_shape" (IndexedSlices), int32}. `encode_values` sends IndexedSlices' rows
+    float64 input), "dtype": an empty tensor of the input's dtype, "shape", int32} for
+    dense tensors; IndexedSlices' is `SparseRows`'s. `encode_values` sends IndexedSlices' rows
     alone, for a receiver that holds their indices: "positions" and "kept_listed"
     instead of "keys", and no shape.
     """
@@ -68,24 +68,9 @@ class FastSGD(base.Codec):
         return payload
 
     def _encode_slices(self, slices):
-        values = base.check_floating(slices.values, self.name)
-        dense_shape = tf.cast(slices.dense_shape, tf.int64)
-        row_size = tf.reduce_prod(dense_shape[1:])
-        count = tf.size(slices.indices, out_type=tf.int64)
-        wide = values if values.dtype in (tf.float32, tf.float64) else tf.cast(values, tf.float32)
-        # Distinct rows ascending, a repeated row's values added in position order (in
-        # C++: no hashing of rows, no pass over the dense tensor).
-        rows, sums = tfgc_ops.row_sums(tf.reshape(wide, tf.stack([count, row_size])),
-                                       slices.indices, dense_shape[0])
-        positions, codes, total = self._quantize(tf.reshape(tf.cast(sums, values.dtype), [-1]))
-        # Keys of the kept elements only: flat indices into the dense shape.
-        if values.shape[1:].num_elements() == 1:  # known when traced: one value per row
-            keys = tf.gather(rows, positions)
-        else:
-            keys = tf.gather(rows, positions // row_size) * row_size + positions % row_size
-        payload = self._payload(keys, codes, total, values.dtype)
-        payload["dense_shape"] = tf.cast(dense_shape, tf.int32)
-        return payload
+        # The paper's sparse path: the distinct rows' ids packed as keys, their values
+        # quantized (the few dropped listed, see `encode_values`).
+        return sparse_rows.SparseRows(self).encode(sparse_rows.distinct_rows(slices))
 
     def _payload(self, keys, codes, total, dtype):
         """The kept values' ascending keys, packed, with their codes and the sum."""
@@ -151,15 +136,11 @@ class FastSGD(base.Codec):
 
     def decode(self, payload: base.Payload, expected_shape: Optional[base.Shape] = None
                ) -> Union[tf.Tensor, tf.IndexedSlices]:
-        sparse = isinstance(payload, collections.abc.Mapping) and "dense_shape" in payload
-        key = "dense_shape" if sparse else "shape"
-        fields, dims, n = base.checked_payload(
-            self, payload, _SLICES_FIELDS if sparse else _DENSE_FIELDS, expected_shape,
-            key=key, dense=not sparse)
+        if sparse_rows.is_rows_payload(payload):
+            return sparse_rows.SparseRows(self).decode(payload, expected_shape)
+        fields, dims, n = base.checked_payload(self, payload, _DENSE_FIELDS, expected_shape)
         keys = tfgc_ops.unpack_keys(fields["keys"])
         values = self._decoded_values(fields, tf.size(keys))
-        if sparse:
-            return self._decode_slices(keys, values, dims, n)
         # scatter_nd refuses a key outside the n elements.
         dense = tf.scatter_nd(keys[:, None], values, tf.reshape(tf.cast(n, tf.int64), [1]))
         return tf.reshape(dense, dims)
@@ -173,26 +154,6 @@ class FastSGD(base.Codec):
         values = tf.where(codes & SIGN_BIT > 0, -magnitude, magnitude)
         return tf.cast(values, payload["dtype"].dtype)
 
-    def _decode_slices(self, keys, values, dims, n):
-        """The IndexedSlices of the rows that `keys` (flat indices into the dense shape
-        `dims`, of n elements) fall in."""
-        dense_shape = tf.cast(dims, tf.int64)
-        # A key past the dense shape would make rows past it, each allocated in full.
-        inside = tf.debugging.Assert(
-            tf.reduce_all((keys >= 0) & (keys < n)),
-            [f"{self.name} payload: a key lies outside its dense_shape"])
-        with tf.control_dependencies([inside]):
-            keys = tf.identity(keys)
-        row_size = tf.reduce_prod(dense_shape[1:])
-        rows, row_of_key = tf.unique(keys // row_size)
-        row_values = tf.scatter_nd(
-            tf.stack([tf.cast(row_of_key, tf.int64), keys % row_size], axis=1),
-            values,
-            tf.stack([tf.size(rows, out_type=tf.int64), row_size]),
-        )
-        row_values = tf.reshape(row_values, tf.concat([[-1], dense_shape[1:]], 0))
-        return tf.IndexedSlices(row_values, rows, dense_shape)
-
 
 _COMMON_FIELDS = {
     "values": base.BYTES,  # uint8 codes
@@ -200,7 +161,6 @@ _COMMON_FIELDS = {
     "dtype": base.DTYPE_MARKER,
 }
 _DENSE_FIELDS = dict(_COMMON_FIELDS, keys=base.BYTES, shape=base.SHAPE)
-_SLICES_FIELDS = dict(_COMMON_FIELDS, keys=base.BYTES, dense_shape=base.SHAPE)
 _VALUES_FIELDS = dict(_COMMON_FIELDS, positions=base.BYTES,
                       kept_listed=base.Field((tf.uint8,), rank=1))
 

@@ -55,6 +55,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     local_steps: int = 1,
     outer_optimizer: Optional[OuterSGD] = None,
+    sparse_error_feedback: bool = False,
 ) -> Any:
     """Returns a copy of `optimizer` that compresses the gradients it applies.
 
@@ -101,6 +102,12 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         DiLoCo's, learning rate 0.7 and Nesterov momentum 0.9;
         `OuterSGD.averaging()` for 3LC's local-steps baseline). Given with
         `local_steps=1`, every step is a meeting.
+      sparse_error_feedback: whether variables whose gradients are sparse
+        (`tf.IndexedSlices`: an embedding's) keep a dense residual too. By default they
+        keep none, and their gradients travel as their distinct rows, compressed with
+        `compression` (`tfgc.codecs.rows`): never more than plain TensorFlow sends.
+        True keeps a residual of the whole table on every worker (a warning says its
+        size) and sends the gradients densified.
 
     Raises:
       TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
@@ -123,7 +130,8 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         return rewrap(DistributedOptimizer(
             optimizer.inner_optimizer, compression, pull_compression=pull_compression,
             min_elements=min_elements, error_feedback=error_feedback,
-            small_compression=small_compression, bucket_bytes=bucket_bytes))
+            small_compression=small_compression, bucket_bytes=bucket_bytes,
+            sparse_error_feedback=sparse_error_feedback))
     try:
         import tf_keras  # only tf_keras users need it installed
     except ImportError:
@@ -164,5 +172,6 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         min_elements=min_elements, error_feedback=error_feedback,
         small_compression=small_compression, bucket_bytes=bucket_bytes,
         local_steps=local_steps, outer_optimizer=outer_optimizer,
+        sparse_error_feedback=bool(sparse_error_feedback),
     )
     return make_class(type(optimizer)).from_config(config)

@@ -54,10 +54,10 @@ class CompressingBase:
                  min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
                  small_compression=DEFAULT_SMALL_COMPRESSION,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, local_steps=1, outer_optimizer=None,
-                 **kwargs):
+                 sparse_error_feedback=False, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
-                               small_compression, bucket_bytes)
+                               small_compression, bucket_bytes, sparse_error_feedback)
         self.local_steps = check_local_steps(local_steps)
         # With local steps (more than one, or an outer optimizer given): the optimizer of
         # the replicas' meetings (tfgc.local_steps); None: every step is synchronous.
@@ -79,7 +79,7 @@ class CompressingBase:
         return children
 
     def _init_compression(self, compression, pull_compression, min_elements, error_feedback,
-                          small_compression, bucket_bytes):
+                          small_compression, bucket_bytes, sparse_error_feedback):
         compression, pull_compression, small_compression = (
             codecs.deserialize(c) if isinstance(c, dict) else c
             for c in (compression, pull_compression, small_codec(small_compression)))
@@ -98,7 +98,8 @@ class CompressingBase:
         self._residuals = {}
         self.encoder = Encoder(compression, small_compression, min_elements, self.feedback,
                                position=self._variable_index, codecs=self._codecs,
-                               residuals=self._residuals, settings=None)
+                               residuals=self._residuals, settings=None,
+                               sparse_error_feedback=sparse_error_feedback)
         # {direction: counter} (tfgc.traffic), made at the first build and saved with
         # the optimizer; `_counters` adds to them.
         self._traffic = None
@@ -141,6 +142,7 @@ class CompressingBase:
                 else codecs.serialize(self.small_compression)
             ),
             bucket_bytes=self.bucket_bytes,
+            sparse_error_feedback=self.encoder.sparse_error_feedback,
             local_steps=self.local_steps,
             outer_optimizer=(None if self.outer_optimizer is None
                              else self.outer_optimizer.get_config()),
@@ -229,14 +231,15 @@ class CompressingBase:
 
     @property
     def traffic(self):
-        """Cumulative bytes as scalar tensors: `push_bytes`, `push_dense_bytes` (the
-        gradients pushed, compressed and as dense tensors), `pull_bytes`,
-        `pull_dense_bytes` (model pulls); None until built."""
+        """Cumulative bytes as scalar tensors: `push_bytes`, `push_plain_bytes`,
+        `push_dense_bytes` (the gradients pushed: compressed, as plain TensorFlow sends
+        them, and as dense tensors), and the same `pull_` keys (model pulls); None until
+        built."""
         return None if self._counters is None else self._counters.totals()
 
     def traffic_by_variable(self):
-        """{variable name: {"push_bytes", "push_dense_bytes", "pull_bytes",
-        "pull_dense_bytes"}} as Python ints, cumulative (eager only)."""
+        """{variable name: {"push_bytes", "push_plain_bytes", "push_dense_bytes", and
+        the same for "pull"}} as Python ints, cumulative (eager only)."""
         return {} if self._counters is None else self._counters.by_variable()
 
     def codec_for(self, variable):
@@ -272,7 +275,9 @@ def compressing_optimizer(optimizer):
 def residual_variable(variable):
     """A zero residual of `variable`'s shape kept where its gradients are produced."""
     # Under PSS one copy per worker: a residual on the parameter server would be pulled
-    # in fp32. Under mirrored strategies a checkpoint keeps the replicas' sum, the total
-    # unsent error.
+    # in fp32. Under all-reduce strategies a checkpoint keeps each worker's first
+    # replica's residual, read where it is: a sum would all-reduce every residual at
+    # every save (BackupAndRestore's every few steps).
     return local_variable(zeros_of(variable.shape, variable.dtype),
-                          f"residual/{variable.name.split(':')[0]}", per_worker=True)
+                          f"residual/{variable.name.split(':')[0]}", per_worker=True,
+                          saved_alone=True)

@@ -98,6 +98,11 @@ class _Keras3Mixin(CompressingBase):
             if is_parameter_server(tf.distribute.get_strategy()):
                 _count_steps_atomically(_compat.keras3_iterations_variable(self))
 
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is not None:  # before `build` makes residuals
+            self.encoder.note_gradients(zip(grads, trainable_variables))
+        return super().apply(grads, trainable_variables)
+
     def _all_reduce_sum_gradients(self, grads_and_vars):
         # Under parameter servers: one worker's own gradients, pushed compressed.
         return self._send_all(tf.distribute.get_strategy(), grads_and_vars, aggregate=True)

@@ -118,6 +118,7 @@ class _CompressingMixin(CompressingBase):
                           zip(grads_and_vars, self._masters(variables))]
         if not grads_and_vars:
             return super().apply_gradients(grads_and_vars, name=name)
+        self.encoder.note_gradients(grads_and_vars)  # before `build` makes residuals
         with tf.init_scope():
             self.build([v for _, v in grads_and_vars])
         self._take_pulls(variables)

@@ -12,6 +12,7 @@ with the optimizer's checkpoints), keyed by the variable's position in the optim
 which is stable across processes.
 """
 import copy
+import warnings
 
 import tensorflow as tf
 
@@ -19,6 +20,7 @@ from tfgc.codecs.base import (
     SendsValuesAlone, Topology, bind_to, concat_flat, encode_group, split_flat,
 )
 from tfgc.codecs.identity import Cast, NoCompression
+from tfgc.codecs.rows import SparseRows, distinct_rows
 from tfgc.distribute import is_parameter_server
 
 DEFAULT_SMALL_COMPRESSION = "float16"
@@ -73,14 +75,22 @@ class Encoder:
       codecs: the dict (owned by the optimizer) of bound codecs, filled by `build`.
       residuals: the dict (owned by the optimizer) of residuals, filled by `build`.
       settings: what every replica must agree on (a string; see AllReduceWire).
+      sparse_error_feedback: whether a variable whose gradients are sparse
+        (`tf.IndexedSlices`: an embedding's) keeps a dense residual too, its gradients
+        then sent densified; by default they travel as their distinct rows
+        (`tfgc.codecs.rows`), without error feedback.
     """
 
     def __init__(self, compression, small_compression, min_elements, feedback,
-                 position, codecs, residuals, settings):
+                 position, codecs, residuals, settings, sparse_error_feedback=False):
         self.compression = compression
         self.small_compression = small_compression
         self.min_elements = int(min_elements)
         self.feedback = feedback
+        self.sparse_error_feedback = bool(sparse_error_feedback)
+        # The variables seen with sparse gradients (`note_gradients`), by reference.
+        self._sparse = set()
+        self._warned_unused_residual = set()
         self.settings = settings
         self._position = position
         self._codecs = codecs
@@ -106,16 +116,36 @@ class Encoder:
         """True when `variable`'s gradients are compressed by the main codec."""
         return compresses(variable, self.min_elements)
 
+    def note_gradients(self, grads_and_vars):
+        """Notes which variables' gradients are sparse (`tf.IndexedSlices`), before
+        `build` decides their residuals."""
+        for gradient, variable in grads_and_vars:
+            if isinstance(gradient, tf.IndexedSlices):
+                self._sparse.add(_key(variable))
+
+    def is_sparse(self, variable):
+        """Whether `variable` was seen with a sparse gradient (`note_gradients`)."""
+        return _key(variable) in self._sparse
+
     def build(self, variables, make_residual):
         """Binds the main codec to each compressed variable of `variables` not bound
-        yet, and makes its residual with `make_residual(variable)` where kept."""
+        yet, and makes its residual with `make_residual(variable)` where kept (for a
+        variable with sparse gradients only with `sparse_error_feedback`)."""
         for variable in variables:
             if not self.compresses(variable) or self._codec_key(variable) in self._codecs:
                 continue
             codec = bind_to(self.compression, variable, topology())
             self._codecs[self._codec_key(variable)] = codec
-            if self.feedback is not None and codec.supports_error_feedback:
-                self._residuals[self._residual_key(variable)] = make_residual(variable)
+            if self.feedback is None or not codec.supports_error_feedback:
+                continue
+            if self.is_sparse(variable):
+                if not self.sparse_error_feedback:
+                    continue
+                warnings.warn(
+                    f"sparse_error_feedback=True: {variable.name}'s gradients are sparse, "
+                    f"and a dense residual of {_megabytes(variable):.1f} MB is kept for it "
+                    "on every worker; its gradients are sent densified", stacklevel=4)
+            self._residuals[self._residual_key(variable)] = make_residual(variable)
 
     def bound_codec(self, variable):
         """The main codec bound to `variable` (see `Codec.bind`)."""
@@ -137,11 +167,40 @@ class Encoder:
                 "trainable=False, or leave it out of the (gradient, variable) pairs)")
         return self._below_min
 
-    def residual(self, variable):
-        """`variable`'s error-feedback residual, or None where none is kept."""
+    def residual(self, variable, gradient=None):
+        """`variable`'s error-feedback residual, or None where none is kept (or where
+        `gradient`, if given, is sparse and travels as its rows)."""
         if not self.compresses(variable):
             return None  # the small-tensor codec keeps none
-        return self._residuals.get(self._residual_key(variable))
+        residual = self._residuals.get(self._residual_key(variable))
+        if (residual is not None and isinstance(gradient, tf.IndexedSlices)
+                and not self.sparse_error_feedback):
+            self._warn_unused_residual(variable)
+            return None
+        return residual
+
+    def _warn_unused_residual(self, variable):
+        """Warns once per variable of a residual made before its gradients showed sparse."""
+        if self._position(variable) in self._warned_unused_residual:
+            return
+        self._warned_unused_residual.add(self._position(variable))
+        warnings.warn(
+            f"{variable.name}'s gradient is sparse, but a dense residual of "
+            f"{_megabytes(variable):.1f} MB was made for it when the optimizer was built "
+            "before its first step: its gradients travel as their rows, and the residual "
+            "stays unused. Let the first step build the optimizer (or call "
+            "tfgc.build_for_fit, which finds the sparse gradients first); "
+            "sparse_error_feedback=True uses the residual", stacklevel=5)
+
+    def wire_codec(self, gradient, variable):
+        """The codec that sends `gradient` of `variable`: `codec(variable)`, or for a
+        sparse gradient without a residual one that sends its rows."""
+        codec = self.codec(variable)
+        if (not isinstance(gradient, tf.IndexedSlices)
+                or self.residual(variable, gradient) is not None
+                or codec.accepts_indexed_slices):
+            return codec
+        return SparseRows(codec)
 
     def _codec_key(self, variable):
         return f"codec_{self._position(variable)}"
@@ -152,14 +211,15 @@ class Encoder:
     # --- encoding -----------------------------------------------------------------
 
     def payload(self, gradient, variable):
-        """Encodes one gradient for the wire (with error feedback where kept)."""
-        codec = self.codec(variable)
-        if isinstance(gradient, tf.IndexedSlices) and not codec.accepts_indexed_slices:
-            gradient = tf.convert_to_tensor(gradient)
-        residual = self.residual(variable)
-        if residual is None:
-            return codec.encode(gradient)
-        return self.feedback.step(codec, tf.convert_to_tensor(gradient), residual)[0]
+        """Encodes one gradient for the wire (with error feedback where kept); a sparse
+        one as its distinct rows (`tfgc.codecs.rows`)."""
+        residual = self.residual(variable, gradient)
+        if residual is not None:
+            codec = self.codec(variable)
+            return self.feedback.step(codec, tf.convert_to_tensor(gradient), residual)[0]
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = distinct_rows(gradient)  # as tf_keras sums them before it applies
+        return self.wire_codec(gradient, variable).encode(gradient)
 
     def all_reduce(self, gradient, variable, replica_context):
         """Sums `gradient` across replicas with `variable`'s codec, one that aggregates
@@ -204,7 +264,7 @@ class Encoder:
         that holds its indices: its codec sends them so and keeps no residual for it."""
         return (isinstance(gradient, tf.IndexedSlices)
                 and isinstance(self.codec(variable), SendsValuesAlone)
-                and self.residual(variable) is None)
+                and self.residual(variable, gradient) is None)
 
     def values_payload(self, gradient, variable):
         """Encodes the rows of `gradient` (see `values_alone`) without its indices."""
@@ -227,6 +287,17 @@ class Encoder:
         if residuals[0] is None:
             return encode_group(codec, gradients)[0]
         return self.feedback.flat_step(codec, gradients, residuals)[0]
+
+
+def _key(variable):
+    """A key of a (Keras 3 or tf) variable, by identity."""
+    if not isinstance(variable, tf.Variable):
+        variable = variable.value  # a Keras 3 variable's tf.Variable
+    return variable.ref()
+
+
+def _megabytes(variable):
+    return variable.shape.num_elements() * variable.dtype.size / 1e6
 
 
 class _ReplicaSumGroup:

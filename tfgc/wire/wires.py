@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
-from tfgc.traffic import NotAVariable
+from tfgc.codecs.rows import plain_nbytes
+from tfgc.traffic import NotAVariable, Sent
 from tfgc.wire import riders
 from tfgc.wire.copies import copy_on
 from tfgc.wire.message import Layout, payload_units, shares_by_position, spread
@@ -108,9 +109,9 @@ class _FusedWire(Wire):
         for message in messages:
             pairs = [grads_and_vars[p] for p in message.positions]
             decoded, nbytes, carried_nbytes = self._receive(message, pairs)
-            for position, gradient, count in zip(message.positions, decoded, nbytes):
+            for position, gradient, (count, plain) in zip(message.positions, decoded, nbytes):
                 received[position] = gradient
-                sent.append((grads_and_vars[position][1], count))
+                sent.append(Sent(grads_and_vars[position][1], count, plain))
             sent += [(NotAVariable(rider.dense_nbytes()), count)
                      for rider, count in zip(message.carried, carried_nbytes)]
         return list(zip(received, (v for _, v in grads_and_vars))), sent
@@ -129,11 +130,15 @@ class _FusedWire(Wire):
             nbytes = shares_by_position(units, counts[:len(units)],
                                         [v.shape.num_elements() for _, v in pairs])
             decoded = spread(units, [
-                self._decode(payload, [pairs[i][1] for i in unit], indices)
+                self._decode(payload, [pairs[i] for i in unit], indices)
                 for unit, payload, indices in zip(units, unpacked, held)])
+            # What plain TensorFlow sends of a sparse gradient: its distinct rows and
+            # their ids (None: the dense tensor).
+            plain = [plain_nbytes(g) if isinstance(g, tf.IndexedSlices) else None
+                     for g in decoded]
             for rider, payload in zip(message.carried, unpacked[len(units):]):
                 rider.apply(payload, small)
-        return decoded, nbytes, counts[len(units):]
+        return decoded, list(zip(nbytes, plain)), counts[len(units):]
 
     def _held_indices(self, destination, gradient, variable):
         """The destination's copy of `gradient`'s indices (`tfgc.wire.copies`), where
@@ -151,10 +156,11 @@ class _FusedWire(Wire):
             return self.encoder.payload(*pairs[0])
         return self.encoder.values_payload(*pairs[0])
 
-    def _decode(self, payload, variables, indices):
-        """The gradients of `variables` from their payload (`indices`: the
-        destination's copy of a lone gradient's indices, if its rows came alone)."""
-        codec = self.encoder.codec(variables[0])
+    def _decode(self, payload, pairs, indices):
+        """The gradients of (gradient, variable) `pairs` from their payload (`indices`:
+        the destination's copy of a lone gradient's indices, if its rows came alone)."""
+        variables = [v for _, v in pairs]
+        codec = self.encoder.wire_codec(*pairs[0])
         if indices is None:
             return base.decode_group(codec, payload, [v.shape for v in variables])
         dense_shape = tf.constant(variables[0].shape.as_list(), tf.int64)  # made here
@@ -233,7 +239,7 @@ class AllReduceWire(Wire):
     def send(self, grads_and_vars):
         context = tf.distribute.get_replica_context()
         received = [gradient for gradient, _ in grads_and_vars]
-        nbytes = {}
+        nbytes, plain = {}, {}
         fingerprint = {"values": tf.constant(self._fingerprint, tf.float32)}
         summed, gathered = [(None, fingerprint)], []  # (position, payload)
         together = {}  # reduce group key: positions summed by one all_reduce_group
@@ -253,9 +259,15 @@ class AllReduceWire(Wire):
                     received[position], nbytes[position] = self.encoder.all_reduce(
                         gradient, variable, context)
                 continue
-            if codec.summable and isinstance(gradient, tf.IndexedSlices):
-                # Replicas' slices have their own rows and lengths: sum them dense.
-                gradient = tf.convert_to_tensor(gradient)
+            if isinstance(gradient, tf.IndexedSlices):
+                if self.encoder.residual(variable, gradient) is None:
+                    # Replicas' slices have their own rows and lengths: each replica's
+                    # are gathered, as TensorFlow gathers them.
+                    plain[position] = plain_nbytes(gradient)
+                    gathered.append((position, self.encoder.payload(gradient, variable)))
+                    continue
+                if codec.summable:  # kept a residual: summed dense
+                    gradient = tf.convert_to_tensor(gradient)
             payload = self.encoder.payload(gradient, variable)
             if codec.summable:
                 summed.append((position, payload))
@@ -281,7 +293,8 @@ class AllReduceWire(Wire):
         with tf.control_dependencies([check]):
             received = [g if g is None else tf.identity(g) for g in received]
         pairs = list(zip(received, (v for _, v in grads_and_vars)))
-        return pairs, [(grads_and_vars[p][1], nbytes[p]) for p in sorted(nbytes)]
+        return pairs, [Sent(grads_and_vars[p][1], nbytes[p], plain.get(p))
+                       for p in sorted(nbytes)]
 
     def _check_agreement(self, context, summed):
         """An op failing unless every replica's settings fingerprint is this one's."""
@@ -332,14 +345,22 @@ class AllReduceWire(Wire):
         for replica_message in messages:
             unpacked = layout.unpack(replica_message, name="all-gathered fused message")
             for i, ((position, _), payload) in enumerate(zip(bucket, unpacked)):
-                variable = grads_and_vars[position][1]
-                decoded = base.decode_expecting(self.encoder.codec(variable), payload,
-                                                variable.shape)
-                if isinstance(decoded, tf.IndexedSlices):  # sparse codecs' (FastSGD)
-                    decoded = tf.convert_to_tensor(decoded)
+                gradient, variable = grads_and_vars[position]
+                decoded = base.decode_expecting(self.encoder.wire_codec(gradient, variable),
+                                                payload, variable.shape)
+                if (isinstance(decoded, tf.IndexedSlices)
+                        and not isinstance(gradient, tf.IndexedSlices)):
+                    decoded = tf.convert_to_tensor(decoded)  # a dense gradient's (FastSGD)
                 decodings[i].append(decoded)
         results = []
         for (position, _), decoded, share in zip(bucket, decodings, shares):
+            if isinstance(decoded[0], tf.IndexedSlices):
+                # The replicas' rows, one after the other: their sum once applied.
+                total = tf.IndexedSlices(tf.concat([d.values for d in decoded], 0),
+                                         tf.concat([d.indices for d in decoded], 0),
+                                         decoded[0].dense_shape)
+                results.append((position, total, share))
+                continue
             codec = self.encoder.codec(grads_and_vars[position][1])
             # A codec written without tfgc's base class sums.
             combine = getattr(codec, "combine", None)
