@@ -167,3 +167,17 @@ def test_int8_rows_round_within_half_a_step_and_a_non_finite_row_decodes_nan():
     np.testing.assert_allclose(decoded.numpy()[0], rows.numpy()[0], atol=1.0 / 254 + 1e-7)
     np.testing.assert_array_equal(decoded.numpy()[1], [0, 0, 0])
     assert np.isnan(decoded.numpy()[2]).all()
+
+
+def test_build_for_fit_finds_the_sparse_gradients_before_it_builds():
+    net = model()
+    optimizer = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                          compression=C.ThreeLC(1.0), min_elements=DIM)
+    net.compile(optimizer, "mse")
+    tfgc.build_for_fit(net, tf.TensorSpec([None, 1], tf.float32))
+    assert [r.shape.as_list() for r in optimizer._residuals.values()] == [[DIM, 1]]
+    ids, y = batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net.fit(ids, y, epochs=1, batch_size=BATCH, verbose=0)
+    assert not [w for w in caught if "residual" in str(w.message)]

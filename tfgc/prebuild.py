@@ -10,13 +10,16 @@ each task before the first step ends. Built beforehand, they leave one trace to 
 import tensorflow as tf
 
 from tfgc import _compat
+from tfgc.distribute import is_parameter_server
 
 
 def build_for_fit(model, labels):
     """Builds a compiled model's metrics and optimizer, so that `fit` traces its step once.
 
     Call it after `compile` and before `fit`, in or out of the strategy's scope. It
-    builds the optimizer for the model's trainable variables, and the metrics for one
+    builds the optimizer for the model's trainable variables (first tracing, without
+    running, the model's gradients, so that variables with sparse gradients, an
+    embedding's, get no dense residual), and the metrics for one
     example of zeros (labels as `labels` describes, predictions shaped as the model's
     outputs), without updating them. What is built already is left as it is.
 
@@ -45,11 +48,42 @@ def build_for_fit(model, labels):
                          "first")
     label_specs, output_specs = _label_specs(labels), _output_specs(model)
     with model.distribute_strategy.scope():
+        _note_sparse_gradients(model)
         # A tf_keras optimizer builds once (every step asks it to).
         model.optimizer.build(model.trainable_variables)
         _compat.tf_keras_build_compiled_metrics(
             model, tf.nest.map_structure(_one_example, label_specs),
             tf.nest.map_structure(_one_example, output_specs))
+
+
+def _note_sparse_gradients(model):
+    """Tells the model's tfgc optimizer (if any, and not built) which variables have
+    sparse gradients, from a trace of the gradients of its outputs' sum (never run)."""
+    from tfgc.optimizer.base import compressing_optimizer  # noqa: PLC0415 (a cycle)
+
+    optimizer = compressing_optimizer(model.optimizer)
+    if optimizer is None or optimizer.built_compression:
+        return
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in model.inputs]
+
+    def gradients(*inputs):
+        with tf.GradientTape() as tape:
+            outputs = model(list(inputs) if len(inputs) > 1 else inputs[0], training=True)
+            total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
+                              for o in tf.nest.flatten(outputs)])
+        return tape.gradient(total, model.trainable_variables)
+
+    strategy = model.distribute_strategy
+    if not is_parameter_server(strategy) and strategy.num_replicas_in_sync > 1:
+        # Mirrored variables are read in a replica: one replica's gradients tell.
+        def replica_gradients(*inputs):
+            return strategy.experimental_local_results(
+                strategy.run(gradients, args=inputs))[0]
+    else:
+        replica_gradients = gradients
+    traced = tf.function(replica_gradients, autograph=False).get_concrete_function(*specs)
+    optimizer.encoder.note_gradients(
+        zip(traced.structured_outputs, model.trainable_variables))
 
 
 def _label_specs(labels):

@@ -188,8 +188,8 @@ class Encoder:
             f"{variable.name}'s gradient is sparse, but a dense residual of "
             f"{_megabytes(variable):.1f} MB was made for it when the optimizer was built "
             "before its first step: its gradients travel as their rows, and the residual "
-            "stays unused. Let the first step build the optimizer (or call "
-            "tfgc.build_for_fit, which finds the sparse gradients first); "
+            "stays unused. Let the first step build the optimizer, or build it with "
+            "tfgc.build_for_fit (which finds the sparse gradients first); "
             "sparse_error_feedback=True uses the residual", stacklevel=5)
 
     def wire_codec(self, gradient, variable):
