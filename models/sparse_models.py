@@ -25,8 +25,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-import tfgc.wire.copies
-import tfgc_ops
+from tfgc import lookups
 from tfgc.optimizer.bounded_adam import BoundedAdam
 
 LOSSES = ("linear", "logistic", "svm")
@@ -101,8 +100,8 @@ class SparseLinear(tf_keras.layers.Layer):
     w's gradient is a `tf.IndexedSlices` with one row per distinct feature. Under
     ParameterServerStrategy the gather runs on the parameter server and only the
     rows come back. The distinct feature ids cross to it packed by FastSGD's key
-    encoder (`tfgc_ops.pack_keys`: sorted, delta, ~9 bits per id on Reuters batches
-    instead of 32), unpacked there by the op library, which every tfgc server loads;
+    encoder (`tfgc.lookups.packed_gather`: sorted, delta, ~9 bits per id on Reuters
+    batches instead of 32), unpacked there by the op library, which every tfgc server loads;
     `packed_reads=False` sends them as int32 (int64 from D >= 2^31) ids, as a plain
     `tf.gather` does. With packed reads, a push whose codec can (FastSGD) sends w's
     gradient rows without their ids: the server decodes them against the ids it
@@ -142,32 +141,9 @@ class SparseLinear(tf_keras.layers.Layer):
 
     def _read(self, ids):
         """w[ids] for distinct ids; from a parameter server, with the ids packed."""
-        w = self.w
-        if not (self.packed_reads and isinstance(w, tf.Variable) and "/job:ps" in w.device):
-            return tf.gather(w, ids)
-        order = tf.argsort(ids)
-        ascending = tf.gather(ids, order)  # pack_keys wants strictly increasing keys
-        packed = tfgc_ops.pack_keys(ascending)
-
-        @tf.custom_gradient
-        def read_packed(packed):
-            with tf.device(w.device):
-                unpacked = tfgc_ops.unpack_keys(packed)
-                rows = tf.gather(w, unpacked)
-            # The push's rows may then travel without their ids (tfgc.wire.copies).
-            tfgc.wire.copies.note_copy(ascending, unpacked)
-
-            def gradient(upstream, variables):
-                # The ids the worker holds, not the server's unpacked copy: the push
-                # would otherwise fetch those back from the server.
-                del variables  # [w]
-                upstream = tf.convert_to_tensor(upstream)  # u rows; sliced by the gather below
-                dense_shape = tf.constant(w.shape.as_list(), ids.dtype)  # not read remotely
-                return None, [tf.IndexedSlices(upstream, ascending, dense_shape)]
-
-            return rows, gradient
-
-        return tf.gather(read_packed(packed), tf.math.invert_permutation(order))
+        if not (self.packed_reads and lookups.on_parameter_server(self.w)):
+            return tf.gather(self.w, ids)
+        return lookups.packed_gather(self.w, ids, rows="float32")
 
     def get_config(self):
         return {**super().get_config(), "num_features": self.num_features, "l2": self.l2,

@@ -116,9 +116,11 @@ class CompressedEmbedding(tf_keras.layers.Embedding):
     row once, compressed (see the module doc).
 
     Args:
-      input_dim, output_dim, **kwargs: as `tf_keras.layers.Embedding`'s.
+      input_dim: as `tf_keras.layers.Embedding`'s.
+      output_dim: as `tf_keras.layers.Embedding`'s.
       rows: how looked-up rows travel from the server: "bfloat16" (the default),
         "int8" (a float32 scale per row) or "float32".
+      **kwargs: as `tf_keras.layers.Embedding`'s.
     """
 
     def __init__(self, input_dim, output_dim, rows="bfloat16", **kwargs):

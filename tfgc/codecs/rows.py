@@ -65,6 +65,9 @@ class SparseRows(base.Codec):
         that sends the rows of slices alone (`tfgc.codecs.base.SendsValuesAlone`:
         FastSGD), whose `encode_values` is used.
 
+    Not summable (replicas' rows differ: their payloads are all-gathered), and made by
+    the encoder per gradient, never saved in a config.
+
     Payload: {"rows": the distinct row ids ascending, packed (`tfgc_ops.pack_keys`),
     "dense_shape": int64, "index_dtype": an empty tensor of the indices' dtype, and the
     codec's payload of the values under keys prefixed "row_values."}. Decodes to
@@ -80,13 +83,6 @@ class SparseRows(base.Codec):
     @property
     def name(self) -> str:
         return f"{self.codec.name} (sparse rows)"
-
-    @property
-    def summable(self):
-        return False  # replicas' rows differ: their payloads are gathered
-
-    def get_config(self):
-        return {"codec": self.codec}
 
     def _values_alone(self):
         return isinstance(self.codec, base.SendsValuesAlone)
