@@ -181,3 +181,30 @@ def test_build_for_fit_finds_the_sparse_gradients_before_it_builds():
         warnings.simplefilter("always")
         net.fit(ids, y, epochs=1, batch_size=BATCH, verbose=0)
     assert not [w for w in caught if "residual" in str(w.message)]
+
+
+KERAS3_EMBEDDING = """
+import os, json
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import numpy as np, keras, tfgc
+rng = np.random.default_rng(0)
+ids = (np.minimum(rng.zipf(1.3, (64, 20)), 5000) - 1).astype("int32")
+y = rng.normal(size=(64, 1)).astype("float32")
+model = keras.Sequential([keras.Input((20,), dtype="int32"), keras.layers.Embedding(5000, 16),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+optimizer = tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=tfgc.codecs.FastSGD(),
+                                      min_elements=16)
+model.compile(optimizer, "mse")
+model.fit(ids, y, batch_size=64, epochs=1, verbose=0)
+traffic = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
+print("REPORT " + json.dumps({"traffic": traffic, "distinct": int(len(np.unique(ids))),
+                              "residuals": [r.shape.as_list() for r in optimizer._residuals.values()]}))
+"""
+
+
+def test_keras3_embeddings_keep_no_dense_residual(run_report):
+    report = run_report(KERAS3_EMBEDDING, timeout=120)
+    assert report["residuals"] == [[16, 1]], report  # the dense kernel's only
+    traffic = report["traffic"]
+    assert traffic["push_plain_bytes"] == report["distinct"] * (16 * 4 + 4) + 17 * 4, report
+    assert traffic["push_bytes"] < traffic["push_plain_bytes"] / 3, report
