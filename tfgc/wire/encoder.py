@@ -194,11 +194,15 @@ class Encoder:
 
     def wire_codec(self, gradient, variable):
         """The codec that sends `gradient` of `variable`: `codec(variable)`, or for a
-        sparse gradient without a residual one that sends its rows."""
+        sparse gradient without a residual one that sends its rows (`SparseRows`, for
+        every codec but one with a slices payload of its own: NoCompression's)."""
         codec = self.codec(variable)
         if (not isinstance(gradient, tf.IndexedSlices)
-                or self.residual(variable, gradient) is not None
-                or codec.accepts_indexed_slices):
+                or self.residual(variable, gradient) is not None):
+            return codec
+        # A codec that sends rows alone (FastSGD) goes through SparseRows directly: its
+        # own `encode` of slices would sum the rows `payload` has summed already.
+        if codec.accepts_indexed_slices and not isinstance(codec, SendsValuesAlone):
             return codec
         return SparseRows(codec)
 

@@ -160,9 +160,10 @@ class _FusedWire(Wire):
         """The gradients of (gradient, variable) `pairs` from their payload (`indices`:
         the destination's copy of a lone gradient's indices, if its rows came alone)."""
         variables = [v for _, v in pairs]
-        codec = self.encoder.wire_codec(*pairs[0])
         if indices is None:
+            codec = self.encoder.wire_codec(*pairs[0])
             return base.decode_group(codec, payload, [v.shape for v in variables])
+        codec = self.encoder.codec(variables[0])  # its rows came alone (`values_payload`)
         dense_shape = tf.constant(variables[0].shape.as_list(), tf.int64)  # made here
         return [codec.decode_values(payload, indices, dense_shape)]
 
