@@ -87,6 +87,10 @@ def test_sparse_error_feedback_keeps_a_dense_residual_and_says_what_it_costs():
     costly = [w for w in caught if "sparse_error_feedback=True" in w]
     assert len(costly) == 1 and "0.3 MB" in costly[0], caught
     embedding = net.get_layer("embedding").embeddings
+    # Sent densified, but counted against the rows plain TensorFlow would send.
+    ids, _ = batch()
+    counted = optimizer.traffic_by_variable()[embedding.name]
+    assert counted["push_plain_bytes"] == len(np.unique(ids)) * (DIM * 4 + 4), counted
     (residual,) = [r for r in optimizer._residuals.values() if r.shape == embedding.shape]
     assert np.count_nonzero(residual.numpy()) > 0  # what TopK left of the densified rows
 

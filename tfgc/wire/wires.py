@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
-from tfgc.codecs.rows import plain_nbytes
+from tfgc.codecs.rows import distinct_rows, plain_nbytes
 from tfgc.traffic import NotAVariable, Sent
 from tfgc.wire import riders
 from tfgc.wire.copies import copy_on
@@ -120,6 +120,11 @@ class _FusedWire(Wire):
         units, held, layout = message.units, message.held, message.layout
         small = self.encoder.small_compression
         destination = message.destination
+        # A sparse gradient sent densified (it keeps a residual): plain TensorFlow would
+        # send its distinct rows, counted here, where they are (one scalar crosses).
+        densified = [plain_nbytes(distinct_rows(g))
+                     if isinstance(g, tf.IndexedSlices) and self.encoder.residual(v, g) is not None
+                     else None for g, v in pairs]
         place = contextlib.nullcontext() if destination is None else tf.device(destination)
         with place:
             unpacked = layout.unpack(message.message,
@@ -134,8 +139,8 @@ class _FusedWire(Wire):
                 for unit, payload, indices in zip(units, unpacked, held)])
             # What plain TensorFlow sends of a sparse gradient: its distinct rows and
             # their ids (None: the dense tensor).
-            plain = [plain_nbytes(g) if isinstance(g, tf.IndexedSlices) else None
-                     for g in decoded]
+            plain = [plain_nbytes(g) if isinstance(g, tf.IndexedSlices) else rows
+                     for g, rows in zip(decoded, densified)]
             for rider, payload in zip(message.carried, unpacked[len(units):]):
                 rider.apply(payload, small)
         return decoded, list(zip(nbytes, plain)), counts[len(units):]
@@ -261,10 +266,11 @@ class AllReduceWire(Wire):
                         gradient, variable, context)
                 continue
             if isinstance(gradient, tf.IndexedSlices):
+                # TensorFlow all-gathers every row of each replica's slices.
+                plain[position] = plain_nbytes(gradient)
                 if self.encoder.residual(variable, gradient) is None:
                     # Replicas' slices have their own rows and lengths: each replica's
                     # are gathered, as TensorFlow gathers them.
-                    plain[position] = plain_nbytes(gradient)
                     gathered.append((position, self.encoder.payload(gradient, variable)))
                     continue
                 if codec.summable:  # kept a residual: summed dense
