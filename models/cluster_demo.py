@@ -70,7 +70,7 @@ def run_training(entry, args, out_dir, link=None):
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
         "--pull-compression", pull_compression_of(compression, args),
         "--timeout", str(args.timeout), "--verbose", "2",
-    ] + local + (["--bandwidth", link] if link else [])
+    ] + local + (["--link", link] if link else [])
     print(f"\n=== {entry}: {' '.join(command[1:])}", flush=True)
     proc = subprocess.Popen(command, start_new_session=True)
     try:
@@ -359,15 +359,24 @@ def main(argv=None):
     parser.add_argument("--test-limit", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=480, help="seconds per run")
     parser.add_argument("--link", default="10mbit",
-                        help="also run every compression on emulated links of these rates "
-                             "(tc units, comma-separated: 10mbit,100mbit) where the machine "
-                             "allows it; none: loopback only")
+                        help="also run every compression on these emulated links, "
+                             "comma-separated, each a rate with an optional one-way delay "
+                             "(10mbit,100mbit/10ms,1mbit/50ms) where the machine allows "
+                             "it; none: loopback only")
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)
     if args.lr is None:
         args.lr = 0.001 if args.optimizer == "adam" else 0.05
     if args.pull_compression and not args.pulls:
         parser.error("--pull-compression and --no-pulls contradict each other")
+    if args.link and args.link != "none":
+        from tfgc.cluster import netem
+
+        for link in args.link.split(","):
+            try:
+                netem.parse_link(link)
+            except ValueError as error:
+                parser.error(str(error))
     for entry in args.compressions:
         try:
             codec, local_steps = split_run(entry)

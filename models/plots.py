@@ -25,8 +25,8 @@ def read_run(path):
         with open(summary_path) as f:
             summary = json.load(f)
         where = summary.get("strategy", "?")
-        if summary.get("bandwidth"):
-            where += f", {summary['bandwidth']}"
+        if summary.get("link") or summary.get("bandwidth"):
+            where += f", {summary.get('link') or summary['bandwidth']}"
         label = f"{summary.get('compression', label)} ({where})"
         if summary.get("test_accuracy") is not None:
             label += f", test acc {summary['test_accuracy']:.3f}"

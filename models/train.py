@@ -149,8 +149,14 @@ def _has_tensorboard():
     return True
 
 
-def _bandwidth_kwargs(args):
-    return {"bandwidth": args.bandwidth} if args.bandwidth else {}
+def _link_kwargs(args):
+    """LocalCluster's bandwidth, delay and loss arguments for --link (or --bandwidth)."""
+    from tfgc.cluster import netem
+
+    spec = args.link or args.bandwidth
+    if not spec:
+        return {}
+    return {key: value for key, value in netem.parse_link(spec).items() if value is not None}
 
 
 def train(args):
@@ -186,7 +192,8 @@ def train(args):
         "batch_size": args.batch_size, "optimizer": args.optimizer, "lr": args.lr,
         "seed": args.seed,
         "weight_decay": args.weight_decay, "weight_decay_mode": args.weight_decay_mode,
-        "bandwidth": args.bandwidth, "local_steps": args.local_steps,
+        "bandwidth": _link_kwargs(args).get("bandwidth"), "link": args.link or args.bandwidth,
+        "local_steps": args.local_steps,
         "outer_optimizer": None if outer is None else outer.get_config(),
         "command": "python -m models.train " + " ".join(args.argv),
     }
@@ -206,7 +213,7 @@ def train(args):
 
         cluster = cluster_lib.LocalCluster(
             num_ps=args.ps, num_workers=args.workers, timeout_s=args.timeout,
-            **_bandwidth_kwargs(args),
+            **_link_kwargs(args),
         ).start()
         strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver)
     elif args.strategy == "mwms":
@@ -482,7 +489,7 @@ def launch_workers(args, argv):
 
     with cluster_lib.LocalCluster(num_ps=0, num_workers=args.workers, timeout_s=args.timeout,
                                   log_dir=os.path.join(args.out, "worker-logs"),
-                                  **_bandwidth_kwargs(args)) as c:
+                                  **_link_kwargs(args)) as c:
         _log(f"running {args.workers} MultiWorkerMirroredStrategy workers on "
              f"{', '.join(c.addresses['worker'])}; logs in {c.log_dir}")
         results = c.run_workers(["-m", "models.train", *argv, "--_worker"],
@@ -586,8 +593,17 @@ def main(argv=None):
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")
                               .replace("=", "").replace(",", "_"), args.strategy])
     args.out = os.path.abspath(args.out or os.path.join("runs", args.name))
-    if args.bandwidth and args.strategy not in ("ps", "mwms"):
-        parser.error("--bandwidth applies to --strategy ps or mwms")
+    if args.link and args.bandwidth:
+        parser.error("--bandwidth R is --link R: give one of them")
+    if (args.link or args.bandwidth) and args.strategy not in ("ps", "mwms"):
+        parser.error("--link and --bandwidth apply to --strategy ps or mwms")
+    if args.link or args.bandwidth:
+        from tfgc.cluster import netem
+
+        try:
+            netem.parse_link(args.link or args.bandwidth)
+        except ValueError as error:
+            parser.error(str(error))
     if args.strategy != "local" and not args.tf_config and not args._worker:
         # This process starts a local cluster: keep it unreachable from other hosts. The
         # namespace reaches no package registry, so the data is fetched first.

@@ -190,8 +190,11 @@ def build_parser():
     add("--strategy", choices=STRATEGIES, default="local")
     add("--workers", type=int, default=2)
     add("--ps", type=int, default=1, help="parameter servers (--strategy ps)")
+    add("--link", default=None, metavar="RATE[/DELAY[/LOSS]]",
+        help="emulated links: a rate, a one-way delay and a loss rate, e.g. 10mbit/25ms "
+             "(a 50 ms round trip) or 1mbit/50ms/0.1%% (ps, mwms; root and iproute2)")
     add("--bandwidth", default=None,
-        help="emulated link bandwidth, e.g. 10mbit (ps, mwms; root and iproute2)")
+        help="emulated link bandwidth, e.g. 10mbit: the same as --link 10mbit")
     add("--steps", type=int, default=100, help="training steps (see the strategies)")
     add("--log-every", type=int, default=50,
         help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")

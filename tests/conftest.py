@@ -78,7 +78,7 @@ def pytest_report_header(config):
 
 # Their cluster tests make network namespaces and shaped links, and some time what runs
 # on them: one at a time (on one pytest-xdist worker), beside the others.
-_NAMESPACE_TEST_MODULES = {"test_cluster", "test_isolation", "test_mqgrad",
+_NAMESPACE_TEST_MODULES = {"test_cluster", "test_isolation", "test_link_delay", "test_mqgrad",
                            "test_mqgrad_experiment", "test_tf_config_end_to_end"}
 
 

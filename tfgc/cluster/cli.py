@@ -9,7 +9,7 @@ import time
 
 from tfgc.cluster import isolation
 from tfgc.cluster.local import LocalCluster
-from tfgc.cluster.netem import emulation_unavailable, parse_rate
+from tfgc.cluster.netem import emulation_unavailable, parse_link
 from tfgc.cluster.processes import (
     ClusterError, ClusterTimeout, ExposedClusterError, log_tail, progress,
 )
@@ -108,7 +108,7 @@ def _main_mwms(c, args):
 
 
 def main(argv=None):
-    """`python -m tfgc.cluster [--ps N] --workers M [--mwms] [--bandwidth R] -- script.py [args]`.
+    """`python -m tfgc.cluster [--ps N] --workers M [--mwms] [--link R/D] -- script.py [args]`.
 
     Parameter-server mode (default): starts a LocalCluster, runs the script as the
     coordinator (task chief:0, via `TF_CONFIG`), prints the addresses and a per-job-pair
@@ -128,8 +128,11 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=2, help="workers (default 2)")
     parser.add_argument("--mwms", action="store_true",
                         help="run the script as every worker (MultiWorkerMirroredStrategy)")
+    parser.add_argument("--link", default=None, metavar="RATE[/DELAY[/LOSS]]",
+                        help="emulate links: a rate, a one-way delay and a loss rate, e.g. "
+                             "10mbit/25ms (a 50 ms round trip; root, iproute2)")
     parser.add_argument("--bandwidth", default=None, metavar="RATE",
-                        help="emulate links of this rate, e.g. 10mbit (root, iproute2)")
+                        help="emulate links of this rate, e.g. 10mbit: --link RATE")
     parser.add_argument(
         "--timeout", type=float, default=600, help="processes end after this many seconds"
     )
@@ -155,9 +158,13 @@ def main(argv=None):
         env[key] = value
     if not os.path.isfile(args.script):
         parser.error(f"no such script: {args.script}")
-    if args.bandwidth is not None:
+    if args.link is not None and args.bandwidth is not None:
+        parser.error("--bandwidth R is --link R: give one of them")
+    link = {}
+    if args.link is not None or args.bandwidth is not None:
         try:
-            parse_rate(args.bandwidth)
+            link = {key: value for key, value in parse_link(args.link or args.bandwidth).items()
+                    if value is not None}
         except ValueError as error:
             parser.error(str(error))
         reason = emulation_unavailable()
@@ -182,9 +189,9 @@ def main(argv=None):
     started = time.monotonic()
     with LocalCluster(
         num_ps=num_ps, num_workers=args.workers, timeout_s=args.timeout, env=env,
-        log_dir=args.log_dir, bandwidth=args.bandwidth,
+        log_dir=args.log_dir, **link,
     ) as c:
-        shaped = f", links shaped to {args.bandwidth}" if args.bandwidth else ""
+        shaped = f", emulated links {c.link}" if link else ""
         progress(f"cluster up in {time.monotonic() - started:.1f} s{shaped}; logs in {c.log_dir}")
         if args.mwms:
             return _main_mwms(c, args)

@@ -11,7 +11,7 @@ import time
 from typing import Mapping, Optional
 
 from tfgc.cluster import isolation
-from tfgc.cluster.netem import EmulatedNetwork, parse_rate
+from tfgc.cluster.netem import EmulatedNetwork, parse_delay, parse_loss, parse_rate
 from tfgc.cluster.processes import (
     HOST, JOBS, PACKAGE_PARENT, PORT_CONFLICT, ClusterError, PortConflict,
     accepts_connections, log_tail, progress, reserve_ports,
@@ -46,6 +46,11 @@ class LocalCluster(WorkerScripts, SocketCounters):
       bandwidth: emulate links of this rate between the tasks (tc units: "10mbit",
         "100mbit", "1gbit"): each task runs in a network namespace of its own and
         addresses become the namespaces' IPs. Needs root and iproute2 (`ip`, `tc`).
+      delay: each link's one-way delay ("25ms"): every frame a task sends waits this
+        long, so a round trip between two tasks takes 2 x delay (netem where the
+        kernel has it, else a delay line process). With or without `bandwidth`; the
+        same needs.
+      loss: the probability that a link drops a frame it carries ("0.1%" or 0.001).
       network: "private" (default): `start()` refuses, with an `ExposedClusterError`,
         unless this process is in a private network namespace (loopback only: see
         `tfgc.cluster.isolate()`) or `TFGC_NETWORK_ISOLATION=0`, since the servers
@@ -56,7 +61,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
         in the cluster's namespace.
 
     Raises:
-      ValueError: bad counts, rate or network.
+      ValueError: bad counts, rate, delay, loss or network.
       ClusterError: (at start) bandwidth emulation asked for but not possible here.
       ExposedClusterError: (at start) a private cluster outside a private namespace.
 
@@ -75,6 +80,8 @@ class LocalCluster(WorkerScripts, SocketCounters):
         start_attempts: int = 3,
         bandwidth: Optional[str] = None,
         network: str = isolation.PRIVATE,
+        delay: Optional[str] = None,
+        loss=None,
     ):
         if num_ps < 0 or num_workers < 1:
             raise ValueError(
@@ -85,6 +92,10 @@ class LocalCluster(WorkerScripts, SocketCounters):
             raise ValueError("timeout_s and start_timeout_s must be positive")
         if bandwidth is not None:
             parse_rate(bandwidth)  # fail early on a typo
+        if delay is not None:
+            parse_delay(delay)
+        if loss is not None:
+            parse_loss(loss)
         if network not in isolation.NETWORKS:
             raise ValueError(f"network must be one of {', '.join(map(repr, isolation.NETWORKS))}"
                              f", got {network!r}")
@@ -95,6 +106,8 @@ class LocalCluster(WorkerScripts, SocketCounters):
         self.start_attempts = max(1, int(start_attempts))
         self.env = dict(env or {})
         self.bandwidth = bandwidth
+        self.delay = delay
+        self.loss = loss
         self.network = network
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir
@@ -148,9 +161,9 @@ class LocalCluster(WorkerScripts, SocketCounters):
         os.makedirs(self.log_dir, exist_ok=True)
         atexit.register(self._atexit)
         try:
-            if self.bandwidth is not None:
+            if self.emulates_links:
                 tasks = [(job, i) for job, n in self._task_counts() for i in range(n)]
-                self._net = EmulatedNetwork(self.bandwidth, tasks)
+                self._net = EmulatedNetwork(self.bandwidth, tasks, self.delay, self.loss)
                 self._net.setup()
             for attempt in range(1, self.start_attempts + 1):
                 try:
@@ -165,6 +178,21 @@ class LocalCluster(WorkerScripts, SocketCounters):
             self.stop(remove_logs=False)
             raise
         return self
+
+    @property
+    def emulates_links(self):
+        """Whether the tasks run on emulated links (a rate, a delay or a loss rate)."""
+        return any(x is not None for x in (self.bandwidth, self.delay, self.loss))
+
+    @property
+    def link(self):
+        """The emulated link as `netem.parse_link` reads it ("10mbit/25ms"), or None."""
+        if not self.emulates_links:
+            return None
+        parts = [self.bandwidth or "-", self.delay or "0ms"]
+        if self.loss is not None:
+            parts.append(str(self.loss))
+        return "/".join(parts)
 
     def _task_counts(self):
         return (("ps", self.num_ps), ("worker", self.num_workers))
