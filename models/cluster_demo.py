@@ -17,13 +17,16 @@ from the kernel's per-socket TCP counters, compression ratios, step time), write
 <out>/results.md and overlays the runs' loss and accuracy curves in <out>/demo.png.
 
 Where the machine can emulate links (root and iproute2: `tfgc.cluster` puts each task
-in a network namespace and shapes what it sends with tc), every compression runs once
-more on each emulated --link (default 10mbit; e.g. 10mbit,100mbit), and the table adds
-the time each run took to train and reach its test accuracy, and its speedup over fp32 on
-the same link, against the speedup it would have if compression cost nothing; below the
-table, each link's time to a training accuracy that all its runs reach. Where it cannot,
-the demo says why and keeps to loopback (--link none skips it). Every run's summary and
-history (the raw output) is written to <out>/summaries.json.
+in a network namespace, shapes what it sends with tc and delays it), every compression
+runs once more on each emulated --link (default 10mbit/25ms: 10 Mbit/s, a 50 ms round
+trip), and the table adds the time each run took to train and its speedup over fp32 on
+the same link. Below the table: each run's step time against its floors (`models.floors`:
+the same steps with no communication, measured here, and the busiest link's bytes plus
+the unavoidable round trips), and each link's time to a test accuracy (95% of fp32's
+final one on loopback; the held-out set is tested every --eval-every epochs, off the
+clock). Where the machine cannot emulate links, the demo says why and keeps to loopback
+(--link none skips it). Every run's summary and history (the raw output) is written to
+<out>/summaries.json, the compute floor to <out>/floors.json.
 """
 import argparse
 import json
@@ -32,6 +35,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from models import floors, held_out
 
 # TensorFlow's C++ start-up logs (hundreds of lines per task) hide the table; the runs and
 # their cluster tasks inherit this. A value the user set is kept.
@@ -70,6 +75,7 @@ def run_training(entry, args, out_dir, link=None):
         # 3LC compresses both directions: pushes (gradients) and pulls (model deltas).
         "--pull-compression", pull_compression_of(compression, args),
         "--timeout", str(args.timeout), "--verbose", "2",
+        "--eval-every", str(args.eval_every),
     ] + local + (["--link", link] if link else [])
     print(f"\n=== {entry}: {' '.join(command[1:])}", flush=True)
     proc = subprocess.Popen(command, start_new_session=True)
@@ -181,79 +187,77 @@ def results_table(summaries):
     return "\n".join(lines)
 
 
-def speedup_limits(summaries):
-    """Lines saying how close each emulated-link speedup came to what the machine
-    allows: no run can step faster than the same run's steps on loopback (compute)."""
-    loopback = {_run_key(s): s for s in summaries if s["link"] == "loopback"}
-    first = _run_key(summaries[0])  # fp32 in `make demo`; any run of --compressions
-    if first == "none":
-        name, free = "fp32", "if compression cost no compute"
-    else:
-        name = _label(summaries[0])
-        free = f"at {name}'s loopback step time"
+def floor_lines(summaries, compute_floor, workers):
+    """Lines giving each run's step time against its floors (`models.floors`).
+
+    Args:
+      summaries: run summaries, each with its "link".
+      compute_floor: the measured compute floor of a step (seconds), or None.
+      workers: the runs' workers.
+    """
+    first = _run_key(summaries[0])
+    name = "fp32" if first == "none" else _label(summaries[0])
     lines = []
     for s in summaries:
-        if s["link"] == "loopback" or _run_key(s) == first or _run_key(s) not in loopback:
+        link = floors.link_floor(s, s["link"], workers, s.get("local_steps", 1))
+        known = [f for f in (compute_floor, link and link["floor_step_s"]) if f]
+        if not known:
             continue
+        floor = max(known)
+        text = (f"{s['link']}, {_label(s)}: {s['step_time_s']:.3f} s per step; floors: "
+                f"compute {'-' if compute_floor is None else format(compute_floor, '.3f')} s")
+        if link is not None:
+            text += (f", link {link['floor_step_s']:.3f} s "
+                     f"({link['busiest_link_bytes_per_step']:,.0f} B per step on the busiest "
+                     f"link + {link['round_trips']:g} round trips x "
+                     f"{link['rtt_s'] * 1e3:g} ms)")
+        text += f"; {floor / s['step_time_s']:.0%} of the higher floor"
         base = next(b for b in summaries if b["link"] == s["link"] and _run_key(b) == first)
-        speedup = base["step_time_s"] / s["step_time_s"]
-        own_limit = base["step_time_s"] / loopback[_run_key(s)]["step_time_s"]
-        first_limit = base["step_time_s"] / loopback[first]["step_time_s"]
-        lines.append(
-            f"{s['link']}, {_label(s)}: {speedup:.1f}x faster steps than {name}; at most "
-            f"{own_limit:.1f}x with this run's own loopback step time ({speedup / own_limit:.0%} "
-            f"of it), {first_limit:.1f}x {free} ({speedup / first_limit:.0%}).")
+        if s is not base and link is not None:
+            # With no bytes at all a step still pays its compute and its round trips.
+            least = max(compute_floor or 0, link["round_trips"] * link["rtt_s"])
+            text += (f"; {base['step_time_s'] / s['step_time_s']:.1f}x faster steps than "
+                     f"{name}, of at most {base['step_time_s'] / least:.1f}x for a codec "
+                     "that sent nothing" if least else "")
+        lines.append(text + ".")
     return lines
 
 
-def time_to_accuracy(summaries, window=3):
-    """When each run first reached a training accuracy that every run on its link reaches.
-
-    The accuracy is Keras's training accuracy per epoch (the mean over its --log-every
-    steps), smoothed over `window` epochs; the target on a link is the lowest of its runs'
-    best smoothed accuracies, so each run reaches it; the time counts from the start of
-    `fit` (tracing included).
+def time_to_test_accuracy(summaries, fraction=0.95):
+    """When each run's held-out test first reached `fraction` of the first run's final
+    test accuracy on loopback (fp32's in `make demo`).
 
     Args:
-      summaries: run summaries, each with its "link" and "history" rows.
-      window: epochs averaged.
+      summaries: run summaries, each with its "link" and its "held_out" tests
+        (`models.train --eval-every`).
+      fraction: of the first run's test accuracy.
 
     Returns:
-      A list parallel to `summaries` of (target, seconds), or None for a run without
-      recorded accuracy.
+      (target, [seconds of training, or None where the run never reached it]).
     """
-    from models import plots
-
-    curves = []
-    for s in summaries:
-        rows = [r for r in s.get("history", []) if r.get("accuracy") is not None]
-        curves.append(list(zip([r["time_s"] for r in rows],
-                               plots.moving_average([r["accuracy"] for r in rows], window))))
-    targets = {}
-    for s, curve in zip(summaries, curves):
-        if curve:
-            best = max(accuracy for _, accuracy in curve)
-            targets[s["link"]] = min(targets.get(s["link"], best), best)
-    return [(targets[s["link"]], next(t for t, a in curve if a >= targets[s["link"]]))
-            if curve else None for s, curve in zip(summaries, curves)]
+    base = next((s for s in summaries if s["link"] == "loopback"), summaries[0])
+    target = fraction * base["test_accuracy"]
+    return target, [held_out.time_to(s.get("held_out") or [], target) for s in summaries]
 
 
-def accuracy_lines(summaries, window=3):
-    """Lines giving each link's time to a common training accuracy, against fp32's."""
-    reached = time_to_accuracy(summaries, window)
-    fp32 = _run_key(summaries[0])
+def accuracy_lines(summaries, fraction=0.95):
+    """Lines giving each link's time to a test accuracy, against the first run's."""
+    target, reached = time_to_test_accuracy(summaries, fraction)
+    first = _run_key(summaries[0])
     lines = []
     for link in dict.fromkeys(s["link"] for s in summaries):
-        runs = [(s, r) for s, r in zip(summaries, reached) if s["link"] == link and r]
-        base = next((r[1] for s, r in runs if _run_key(s) == fp32), None)
-        if not runs:
-            continue
-        parts = [f"{_label(s)} {seconds:.0f} s" + (
-            f" (speedup {base / seconds:.1f}x)" if base and _run_key(s) != fp32 else "")
-            for s, (_, seconds) in runs]
-        lines.append(f"{link}: time to a training accuracy of {runs[0][1][0]:.3f} "
-                     f"(each run's epochs averaged over {window}; every run here reaches "
-                     f"it): " + ", ".join(parts) + ".")
+        runs = [(s, t) for s, t in zip(summaries, reached) if s["link"] == link]
+        base = next((t for s, t in runs if _run_key(s) == first), None)
+        parts = []
+        for s, seconds in runs:
+            if seconds is None:
+                parts.append(f"{_label(s)} not reached")
+                continue
+            parts.append(f"{_label(s)} {seconds:.0f} s" + (
+                f" ({base / seconds:.1f}x sooner)" if base and _run_key(s) != first else ""))
+        lines.append(f"{link}: time to a test accuracy of {target:.3f} ({fraction:.0%} of "
+                     f"{_label(summaries[0])}'s final test accuracy on loopback; tests on "
+                     "the held-out set, off the training clock): " + ", ".join(parts) + ".")
     return lines
 
 
@@ -344,6 +348,12 @@ def main(argv=None):
                              "(default: the run's push codec; the fp32 run stays fp32)")
     parser.add_argument("--steps", type=int, default=120, help="worker steps per run")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--eval-every", type=int, default=2,
+                        help="Keras epochs between tests on the held-out set (the time to "
+                             "a test accuracy reads them)")
+    parser.add_argument("--no-compute-floor", dest="compute_floor", action="store_false",
+                        help="skip measuring the compute floor (the steps with no "
+                             "communication: --workers local processes side by side)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="models.train --optimizer: sgd (momentum 0.9) or adam (AdamW "
                              "with the default --weight-decay-mode)")
@@ -358,7 +368,7 @@ def main(argv=None):
     parser.add_argument("--train-limit", type=int, default=10000)
     parser.add_argument("--test-limit", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=480, help="seconds per run")
-    parser.add_argument("--link", default="10mbit",
+    parser.add_argument("--link", default="10mbit/25ms",
                         help="also run every compression on these emulated links, "
                              "comma-separated, each a rate with an optional one-way delay "
                              "(10mbit,100mbit/10ms,1mbit/50ms) where the machine allows "
@@ -409,6 +419,16 @@ def main(argv=None):
             name = name.replace(":", "_").replace("=", "").replace(",", "_")
             run_dirs.append(os.path.join(args.out, name + (f"_{link}" if link else "")))
             summaries.append(run_training(entry, args, run_dirs[-1], link))
+    compute_floor = None
+    if args.compute_floor:
+        print("\n=== compute floor: the same steps with no communication, "
+              f"{args.workers} local processes side by side", flush=True)
+        compute_floor = floors.compute_floor(
+            ["--model", args.model, "--dataset", args.dataset, "--allow-substitute",
+             "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
+             "--steps", str(args.steps), "--log-every", str(args.log_every),
+             "--optimizer", args.optimizer, "--lr", str(args.lr), "--seed", str(args.seed)],
+            args.workers, all_reduce=False, timeout_s=args.timeout)["floor_step_s"]
     from models import plots
 
     png = plots.plot_runs(run_dirs, os.path.join(args.out, "demo.png"), smooth=1)
@@ -424,13 +444,14 @@ def main(argv=None):
         f"{args.optimizer} from learning rate {args.lr}; weight decay: "
         f"{args.weight_decay_mode} (see models.train --weight-decay-mode).\n"
         "Links: loopback, and emulated links (tc token buckets on what each task sends, "
-        "tfgc.cluster); speedup = fp32's step time / this run's on the same link; first "
+        "and its one-way delay, tfgc.cluster); speedup = fp32's step time / this run's on the same link; first "
         "epoch = the first Keras epoch's wall time, tracing and graph optimization "
         "included (against fp32's on the same link); train time = wall time of the run's "
         "training." + (f"\n{link_note}" if link_note else "")
     )
     table = results_table(summaries)
-    limits = speedup_limits(summaries) + accuracy_lines(summaries) + steady_bytes_lines(summaries)
+    limits = (floor_lines(summaries, compute_floor, args.workers) + accuracy_lines(summaries)
+              + steady_bytes_lines(summaries))
     text = f"{header}\n\n{table}\n" + "".join(f"\n{line}" for line in limits) + (
         "\n" if limits else "")
     print("\n" + text)
@@ -438,6 +459,8 @@ def main(argv=None):
         f.write(text)
     with open(os.path.join(args.out, "summaries.json"), "w") as f:
         json.dump(summaries, f, indent=1)
+    with open(os.path.join(args.out, "floors.json"), "w") as f:
+        json.dump({"compute_floor_step_s": compute_floor, "workers": args.workers}, f)
     print(f"plot: {png}\ntable: {os.path.join(args.out, 'results.md')}\n"
           f"total time {time.monotonic() - started:.0f} s")
     return 0

@@ -78,7 +78,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 from models import data as data_lib
-from models import divergence, supervise, workloads
+from models import divergence, held_out, supervise, workloads
 from models.recorder import HISTORY_FIELDS, recorder_classes
 from models.train_args import (
     build_parser, default_momentum, default_outer_optimizer, fill_optimizer_defaults,
@@ -323,6 +323,27 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     # Otherwise tf_keras traces the first step twice, and under PSS sends both to each task.
     tfgc.build_for_fit(model, train_ds)
 
+    # A copy of the model for tests, made outside the strategy's scope: the final test
+    # and --eval-every's test the weights alike (see `test`).
+    copy_for_tests = workload.build_model(0.0)
+    copy_for_tests.compile("sgd", workload.loss(), metrics=workload.metrics())
+    test_ds = workload.test_dataset()
+    if args.strategy == "mwms":
+        test_ds = test_ds.with_options(options)
+
+    def test(trained, tested=copy_for_tests, in_fit=False):
+        """[loss, accuracy] of `trained`'s weights in `tested`, on the test set: batch-norm
+        statistics recomputed at the workers' batch size where --recompute-statistics
+        says so (the batch size their batch statistics were taken at), else kept."""
+        if tested is not trained:
+            tested.set_weights(trained.get_weights())
+        if args.recompute_statistics:
+            summary["recomputed_statistics_batches"] = tfgc.recompute_statistics(
+                tested, workload.train_dataset(args.batch_size), args.recompute_statistics)
+        if in_fit:
+            return held_out.evaluate_in_fit(tested, test_ds)
+        return tested.evaluate(test_ds, verbose=0)
+
     per_batch = args.strategy != "ps"
     recorder = recorder_classes()[per_batch](
         optimizer, steps_per_epoch, per_batch, "task" if args.strategy == "mwms" else cluster,
@@ -331,6 +352,11 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     if optimizer.outer_optimizer is not None:
         callbacks.insert(0, tfgc.callbacks.OuterSteps())  # the meetings of local steps
     callbacks.append(recorder)
+    evaluator = None
+    if args.eval_every:
+        evaluator = held_out.evaluator_class()(
+            recorder, lambda trained: test(trained, in_fit=True)[1], args.eval_every, epochs)
+        callbacks.append(evaluator)
     # After the recorder (the bad loss gets its row), before the backup's save (a
     # diverged epoch is never saved, so no restart could resume from it).
     callbacks.append(divergence.stop_on_divergence(
@@ -376,7 +402,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     # per-worker input pipelines; under PSS removing their remote functions has taken
     # from 0.3 s to over 30 s, varying from run to run for every codec, fp32 included.
     trained = recorder.last_epoch_end or returned
-    summary["train_time_s"] = trained - started
+    summary["train_time_s"] = trained - started - (
+        0.0 if evaluator is None else evaluator.paused_before(trained))
     summary["fit_teardown_s"] = returned - trained
     if mqgrad is not None:
         summary["mqgrad"] = mqgrad_summary(mqgrad)
@@ -428,21 +455,17 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         # The test set is evaluated on a copy of the trained weights: under parameter
         # servers on the coordinator; under MultiWorkerMirrored by every worker alone, as
         # the statistics are recomputed there from the same first training batches.
-        test_model = workload.build_model(0.0)
-        test_model.set_weights(model.get_weights())
-        test_model.compile("sgd", workload.loss(), metrics=workload.metrics())
-    test_ds = workload.test_dataset()
-    if args.strategy == "mwms":
-        test_ds = test_ds.with_options(options)
+        test_model = copy_for_tests
     if args.recompute_statistics:
-        # Tested with the statistics training kept too, for the record; then recomputed
-        # at the workers' batch size, the one their batch statistics were taken at.
+        # Tested with the statistics training kept too, for the record.
+        test_model.set_weights(model.get_weights())
         summary["test_accuracy_kept_statistics"] = float(
             test_model.evaluate(test_ds, verbose=0)[1])
-        summary["recomputed_statistics_batches"] = tfgc.recompute_statistics(
-            test_model, workload.train_dataset(args.batch_size), args.recompute_statistics)
-    test_loss, test_accuracy = test_model.evaluate(test_ds, verbose=0)
+    test_loss, test_accuracy = test(model, test_model)
     summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
+    if evaluator is not None:
+        summary["held_out"] = evaluator.rows
+        summary["held_out_statistics"] = "recomputed" if args.recompute_statistics else "kept"
     return rows
 
 
@@ -588,6 +611,8 @@ def main(argv=None):
         args.recompute_statistics = 10 if args.local_steps > 1 else 0
     if args.recompute_statistics < 0:
         parser.error("--recompute-statistics must be >= 0")
+    if args.eval_every < 0:
+        parser.error("--eval-every must be >= 0")
     if args.name is None:
         dataset = os.path.basename(args.dataset.rpartition(":")[2])
         args.name = "-".join([args.model, dataset, args.compression.replace(":", "_")

@@ -198,6 +198,10 @@ def build_parser():
     add("--steps", type=int, default=100, help="training steps (see the strategies)")
     add("--log-every", type=int, default=50,
         help="steps per Keras epoch (progress bar line, TensorBoard point, socket read)")
+    add("--eval-every", type=int, default=0, metavar="N",
+        help="also test on the held-out set every N Keras epochs (--log-every steps each), "
+             "as the final test does; the summary's held_out rows give the training time "
+             "of each (the tests' own time is not counted); 0: only at the end")
     add("--batch-size", type=int, default=32, help="per-worker batch")
     add("--lr", type=float, default=None,
         help="initial learning rate per replica, scaled by the synchronous replicas "

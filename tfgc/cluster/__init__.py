@@ -53,7 +53,10 @@ veth pairs on a bridge in one more namespace, and every link is shaped with a tc
 bucket (tbf) on what each task sends, as tc on each machine's NIC would.
 The chief (this process) reaches them through one veth pair whose address is on a
 private /24 that no existing route uses; namespaces have no other interface and no
-default route, so nothing leaves them. Everything is deleted on stop.
+default route, so nothing leaves them. Everything is deleted on stop. `delay="25ms"`
+(and `loss="0.1%"`) also delays every frame a task sends, so a round trip takes
+2 x delay: with netem where the kernel has it, else with a delay line process in the
+hub namespace (`delayline.py`).
 
 Creating a ParameterServerStrategy changes the eager context of its process for good
 (its local device becomes /job:chief/task:0 and resources made before, under
@@ -62,14 +65,16 @@ Creating a ParameterServerStrategy changes the eager context of its process for 
 tests.
 
 The package: `local` (LocalCluster: servers, lifecycle, fault injection), `workers`
-(its worker scripts), `sockets` (`ss` accounting), `netem` (bandwidth emulation),
-`isolation` (private network namespaces), `processes` (errors, ports, logs, kill by
-pid), `cli` (the command line).
+(its worker scripts), `sockets` (`ss` accounting), `netem` (link emulation),
+`delayline` (delay where the kernel has no netem), `isolation` (private network
+namespaces), `processes` (errors, ports, logs, kill by pid), `cli` (the command line).
 """
 from tfgc.cluster.cli import main
 from tfgc.cluster.isolation import ExposedClusterWarning, in_private_network, isolate
 from tfgc.cluster.local import LocalCluster
-from tfgc.cluster.netem import emulation_unavailable, parse_rate, remove_stale_namespaces
+from tfgc.cluster.netem import (
+    emulation_unavailable, parse_delay, parse_link, parse_rate, remove_stale_namespaces,
+)
 from tfgc.cluster.processes import (
     HOST, JOBS, ClusterError, ClusterTimeout, ExposedClusterError, WorkerResult,
 )
@@ -78,6 +83,6 @@ from tfgc.cluster.sockets import task_traffic
 __all__ = [
     "LocalCluster", "ClusterError", "ClusterTimeout", "WorkerResult", "task_traffic", "main",
     "isolate", "in_private_network", "ExposedClusterWarning", "ExposedClusterError",
-    "parse_rate",
+    "parse_rate", "parse_delay", "parse_link",
     "emulation_unavailable", "remove_stale_namespaces", "HOST", "JOBS",
 ]

@@ -1,0 +1,282 @@
+"""Time to a held-out test accuracy on emulated links, with each run's floors beside it.
+
+    python -m benchmarks.time_to_accuracy --strategy ps --links 10mbit/25ms
+    python -m benchmarks.time_to_accuracy --strategy mwms --links 100mbit/10ms,1mbit/50ms \
+        --configs fp32,bf16,threelc,powersgd --seeds 0,1,2
+    python -m benchmarks.time_to_accuracy --report benchmarks/data/time_to_accuracy/ps.json
+
+Every run is `models.train` (ResNet-20 on --dataset, 1 PS + 2 workers or 2 MWMS
+workers) with `--eval-every`: the held-out test set is evaluated every few Keras epochs,
+alike for every run (batch-norm statistics recomputed for all runs or kept for all, by
+--recompute-statistics), off the training clock. The target is --target-fraction of
+fp32's mean final test accuracy on loopback over the seeds; a run's time to it is the
+training time of its first test at or above it. Speedups are ratios of total times over
+the seeds that every compared run reached.
+
+fp32 on a slow link may not finish within --timeout: with --estimate-fp32 it runs only
+--fp32-link-steps steps there, and its time to the target is estimated as its measured
+first epoch + (its loopback steps to the target - one epoch) x its measured link step
+time, labelled as an estimate, with the measured parts beside it.
+
+Floors (`models.floors`), measured in the same run of this benchmark: each run's
+compute floor (the same step with no communication, --workers local processes side
+by side) and link floor (the busiest link's bytes per step / its rate + the round trips
+no implementation avoids x RTT). "Share of the floor" = the larger floor / the measured
+step time, never above 100% unless a floor was wrong.
+
+Raw output goes to --out (JSON); --report prints its tables.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from models import floors, held_out  # noqa: E402
+
+CONFIGS = {
+    "fp32": ["--compression", "none", "--pull-compression", "none"],
+    "bf16": ["--compression", "bf16", "--pull-compression", "none"],
+    "threelc": ["--compression", "threelc", "--pull-compression", "threelc"],
+    "threelc-h4": ["--compression", "threelc", "--pull-compression", "threelc",
+                   "--local-steps", "4", "--outer-optimizer", "average"],
+    "threelc-h16": ["--compression", "threelc", "--pull-compression", "threelc",
+                    "--local-steps", "16", "--outer-optimizer", "average"],
+    "threelc-1.75-entropy": ["--compression", "threelc:sparsity=1.75,coder=entropy",
+                             "--pull-compression", "threelc:sparsity=1.75,coder=entropy"],
+    "powersgd": ["--compression", "powersgd", "--pull-compression", "none"],
+}
+KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "test_accuracy", "held_out",
+        "held_out_statistics", "socket_worker_to_ps_bytes_per_step",
+        "socket_ps_to_worker_bytes_per_step", "socket_worker0_sent_bytes_per_step",
+        "socket_worker0_received_bytes_per_step", "steps", "command")
+
+
+def _args_for(config, strategy):
+    args = list(CONFIGS[config])
+    if strategy == "mwms" and "--pull-compression" in args:
+        i = args.index("--pull-compression")
+        del args[i:i + 2]  # all-reduce has no pulls
+    return args
+
+
+def _local_steps(config):
+    args = CONFIGS[config]
+    return int(args[args.index("--local-steps") + 1]) if "--local-steps" in args else 1
+
+
+def _common(args, seed, steps):
+    return ["--model", "resnet20", "--dataset", args.dataset, "--allow-substitute",
+            "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
+            "--steps", str(steps), "--log-every", str(args.log_every),
+            "--batch-size", str(args.batch_size), "--seed", str(seed), "--verbose", "0",
+            "--recompute-statistics", str(args.recompute_statistics)]
+
+
+def _train(command, timeout_s):
+    """Runs models.train; returns its summary (with "wall_s"), or {"error": ...}."""
+    with tempfile.TemporaryDirectory(prefix="tfgc-tta-") as out:
+        started = time.monotonic()
+        try:
+            done = subprocess.run([*command, "--out", out], capture_output=True, text=True,
+                                  timeout=timeout_s + 120)
+        except subprocess.TimeoutExpired:
+            return {"error": f"no summary within {timeout_s + 120} s"}
+        if done.returncode != 0:
+            return {"error": done.stderr.strip()[-1500:]}
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+    row = {key: summary.get(key) for key in KEPT}
+    row["wall_s"] = time.monotonic() - started
+    return row
+
+
+def run_config(args, config, seed, link, steps):
+    command = [sys.executable, "-m", "models.train", "--strategy", args.strategy,
+               "--workers", str(args.workers), "--eval-every", str(args.eval_every),
+               "--timeout", str(args.timeout), *_common(args, seed, steps),
+               *_args_for(config, args.strategy)]
+    if args.strategy == "ps":
+        command += ["--ps", "1"]
+    if link != "loopback":
+        command += ["--link", link]
+    row = _train(command, args.timeout)
+    row.update(config=config, seed=seed, link=link)
+    return row
+
+
+def compute_floor(args, seed):
+    """The compute floor of a step (`models.floors`), for this seed's data and model."""
+    floor = floors.compute_floor(_common(args, seed, args.floor_steps), args.workers,
+                                 all_reduce=args.strategy == "mwms", timeout_s=args.timeout)
+    return {"seed": seed, **floor}
+
+
+def summarize(results):
+    """Targets, times to them, ratios of totals and floors; the report's numbers."""
+    rows = [r for r in results["rows"] if "error" not in r]
+    fp32_loopback = [r for r in rows if r["config"] == "fp32" and r["link"] == "loopback"]
+    if not fp32_loopback:
+        return {"error": "no fp32 run on loopback: no target"}
+    target = results["target_fraction"] * (
+        sum(r["test_accuracy"] for r in fp32_loopback) / len(fp32_loopback))
+    compute = {f["seed"]: f["floor_step_s"] for f in results["compute_floors"]}
+    lines = []
+    for r in rows:
+        r["time_to_target_s"] = held_out.time_to(r["held_out"] or [], target)
+        r["estimated"] = False
+        if r.get("fp32_link_probe"):
+            base = next((b for b in fp32_loopback if b["seed"] == r["seed"]), None)
+            steps_to = next((h["step"] for h in base["held_out"]
+                             if h["test_accuracy"] >= target), None) if base else None
+            if steps_to is not None:
+                first = results["log_every"]
+                r["time_to_target_s"] = r["first_epoch_s"] + max(0, steps_to - first) * r[
+                    "step_time_s"]
+                r["estimated"] = True
+                r["estimate_from"] = {"first_epoch_s": r["first_epoch_s"],
+                                      "loopback_steps_to_target": steps_to,
+                                      "link_step_s": r["step_time_s"]}
+        floor = floors.link_floor(r, r["link"], results["workers"], _local_steps(r["config"]))
+        r["link_floor"] = floor
+        r["compute_floor_step_s"] = compute.get(r["seed"])
+        known = [f for f in (r["compute_floor_step_s"], floor and floor["floor_step_s"]) if f]
+        r["floor_step_s"] = max(known) if known else None
+        r["share_of_floor"] = (r["floor_step_s"] / r["step_time_s"]
+                               if r["floor_step_s"] else None)
+    for link in results["links"]:
+        on_link = [r for r in rows if r["link"] == link]
+        configs = list(dict.fromkeys(r["config"] for r in on_link))
+        reached = {c: {r["seed"]: r["time_to_target_s"] for r in on_link
+                       if r["config"] == c and r["time_to_target_s"] is not None}
+                   for c in configs}
+        for c in configs:
+            for base in ("fp32", "bf16"):
+                if c == base or base not in reached:
+                    continue
+                seeds = sorted(set(reached[c]) & set(reached[base]))
+                if not seeds:
+                    continue
+                ratio = (sum(reached[base][s] for s in seeds) /
+                         sum(reached[c][s] for s in seeds))
+                lines.append({"link": link, "config": c, "against": base, "seeds": seeds,
+                              "ratio_of_totals": ratio,
+                              "against_estimated": any(
+                                  r["estimated"] for r in on_link
+                                  if r["config"] == base and r["seed"] in seeds)})
+    return {"target": target, "speedups": lines}
+
+
+def report(results):
+    summary = summarize(results)
+    if "error" in summary:
+        return summary["error"]
+    out = [f"Target: test accuracy {summary['target']:.4f} "
+           f"({results['target_fraction']:.0%} of fp32's mean final test accuracy on "
+           f"loopback; statistics {results['statistics']}).", "",
+           "| link | configuration | seed | test acc (end) | time to target (s) | "
+           "step (s) | compute floor (s) | link floor (s) | share of the floor |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        if "error" in r:
+            out.append(f"| {r['link']} | {r['config']} | {r['seed']} | failed: "
+                       f"{r['error'].splitlines()[-1][:80]} | | | | | |")
+            continue
+        tt = r["time_to_target_s"]
+        tt = "not reached" if tt is None else f"{tt:.1f}" + (" (estimate)" if r["estimated"]
+                                                             else "")
+        lf = r["link_floor"]
+        out.append(
+            f"| {r['link']} | {r['config']} | {r['seed']} | {r['test_accuracy']:.4f} | {tt} "
+            f"| {r['step_time_s']:.3f} | {r['compute_floor_step_s'] or 0:.3f} "
+            f"| {'-' if lf is None else format(lf['floor_step_s'], '.3f')} "
+            f"| {'-' if r['share_of_floor'] is None else format(r['share_of_floor'], '.0%')} |")
+    out += ["", "| link | configuration | against | seeds | time to target, ratio of totals |",
+            "|---|---|---|---|---|"]
+    for s in summary["speedups"]:
+        note = " (against an estimate)" if s["against_estimated"] else ""
+        out.append(f"| {s['link']} | {s['config']} | {s['against']} | "
+                   f"{','.join(map(str, s['seeds']))} | {s['ratio_of_totals']:.2f}x{note} |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--strategy", choices=("ps", "mwms"), default="ps")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--links", default="10mbit/25ms",
+                        help="emulated links beside loopback, comma-separated")
+    parser.add_argument("--configs", default="fp32,bf16,threelc,threelc-h4",
+                        help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--train-limit", type=int, default=1500)
+    parser.add_argument("--test-limit", type=int, default=297)
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--log-every", type=int, default=16)
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--recompute-statistics", type=int, default=0,
+                        help="batches to recompute batch-norm statistics with before "
+                             "every test, for every run alike (0: kept statistics)")
+    parser.add_argument("--target-fraction", type=float, default=0.95)
+    parser.add_argument("--estimate-fp32", action="store_true",
+                        help="on emulated links, run fp32 for --fp32-link-steps only and "
+                             "estimate its time to the target")
+    parser.add_argument("--fp32-link-steps", type=int, default=48)
+    parser.add_argument("--floor-steps", type=int, default=64)
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--report", metavar="JSON", help="print the tables of a result file")
+    args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            print(report(json.load(f)))
+        return 0
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or "fp32" not in configs:
+        parser.error(f"--configs needs fp32 (the target's run) and knows {', '.join(CONFIGS)}")
+    links = ["loopback"] + [link for link in args.links.split(",") if link]
+    out = args.out or os.path.join(HERE, "data", "time_to_accuracy", f"{args.strategy}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = {"strategy": args.strategy, "workers": args.workers, "links": links,
+               "configs": configs, "seeds": seeds, "dataset": args.dataset,
+               "log_every": args.log_every, "target_fraction": args.target_fraction,
+               "statistics": ("recomputed" if args.recompute_statistics else "kept"),
+               "command": "python -m benchmarks.time_to_accuracy "
+                          + " ".join(argv if argv is not None else sys.argv[1:]),
+               "compute_floors": [], "rows": []}
+
+    def save():
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+
+    for seed in seeds:
+        results["compute_floors"].append(compute_floor(args, seed))
+        print(f"[tta] compute floor, seed {seed}: "
+              f"{results['compute_floors'][-1]['floor_step_s']:.3f} s/step", flush=True)
+        save()
+        for link in links:
+            for config in configs:
+                probe = config == "fp32" and link != "loopback" and args.estimate_fp32
+                row = run_config(args, config, seed, link,
+                                 args.fp32_link_steps if probe else args.steps)
+                row["fp32_link_probe"] = probe
+                results["rows"].append(row)
+                got = ("failed" if "error" in row else
+                       f"test {row['test_accuracy']:.3f}, {row['step_time_s']:.3f} s/step")
+                print(f"[tta] seed {seed} {link} {config}: {got}", flush=True)
+                save()
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
