@@ -128,8 +128,9 @@ def _speedup_headline(name, runs, link, target):
     return Headline(
         name,
         f"{' and '.join(_x(s) for s in speedups)}; target {target} "
-        f"{_verdict(max(speedups), SPEEDUP_TARGETS[link])}; fp32's compute bound "
-        f"{' and '.join(_x(b['compute_bound']) for b in bounds)}", [DEMO], False)
+        f"{_verdict(max(speedups), SPEEDUP_TARGETS[link])}; fp32's link step / its loopback "
+        f"step {' and '.join(_x(b['compute_bound']) for b in bounds)} (not a floor)",
+        [DEMO], False)
 
 def demo_headlines():
     heads = []
@@ -153,29 +154,62 @@ def demo_headlines():
 
 
 DEMO_LINKS = "benchmarks/data/demo_links/summaries.json"
-BOUND_SHARE_TARGET = 0.9  # of the speedup a run would have if compression cost nothing
+
+
+def time_to_training_accuracy(summaries, window=3):
+    """When each run first reached a training accuracy that every run on its link reaches.
+
+    The older demo runs recorded no tests during training: their times to accuracy are
+    to a training accuracy, which the headlines say. New runs test on the held-out set
+    (`models.train --eval-every`; `models.cluster_demo.time_to_test_accuracy`).
+
+    The accuracy is Keras's training accuracy per epoch (the mean over its --log-every
+    steps), smoothed over `window` epochs; the target on a link is the lowest of its runs'
+    best smoothed accuracies, so each run reaches it; the time counts from the start of
+    `fit` (tracing included).
+
+    Args:
+      summaries: run summaries, each with its "link" and "history" rows.
+      window: epochs averaged.
+
+    Returns:
+      A list parallel to `summaries` of (target, seconds), or None for a run without
+      recorded accuracy.
+    """
+    from models import plots
+
+    curves = []
+    for s in summaries:
+        rows = [r for r in s.get("history", []) if r.get("accuracy") is not None]
+        curves.append(list(zip([r["time_s"] for r in rows],
+                               plots.moving_average([r["accuracy"] for r in rows], window))))
+    targets = {}
+    for s, curve in zip(summaries, curves):
+        if curve:
+            best = max(accuracy for _, accuracy in curve)
+            targets[s["link"]] = min(targets.get(s["link"], best), best)
+    return [(targets[s["link"]], next(t for t, a in curve if a >= targets[s["link"]]))
+            if curve else None for s, curve in zip(summaries, curves)]
 
 
 def demo_links_headline():
-    """The demo on 10 and 100 Mbit/s in one run (raw): ThreeLC's speedup over fp32, its
-    share of the zero-cost bound (fp32's step on the link over its loopback step), and
-    how much sooner it reached a training accuracy every run on the link reached."""
-    from models.cluster_demo import time_to_accuracy
-
+    """The demo on 10 and 100 Mbit/s in one run (raw): ThreeLC's speedup over fp32, fp32's
+    step on the link over its loopback step (what it was once compared with as a bound;
+    runs beat it, so it is not a floor), and how much sooner it reached a training
+    accuracy every run on the link reached."""
     summaries = read_json(DEMO_LINKS)
     step = {(s["link"], s["compression"]): s["step_time_s"] for s in summaries}
     reached = {(s["link"], s["compression"]): r[1]
-               for s, r in zip(summaries, time_to_accuracy(summaries)) if r}
-    parts, shares = [], []
+               for s, r in zip(summaries, time_to_training_accuracy(summaries)) if r}
+    parts = []
     for link, label in (("10mbit", "10 Mbit/s"), ("100mbit", "100 Mbit/s")):
         speedup = step[(link, "none")] / step[(link, THREELC)]
         bound = step[(link, "none")] / step[("loopback", "none")]
-        shares.append(speedup / bound)
         sooner = reached[(link, "none")] / reached[(link, THREELC)]
-        parts.append(f"{label} {_x(speedup)} ({_percent(speedup / bound)} of {_x(bound)}), "
-                     f"{_x(sooner)} sooner to a training accuracy")
-    return Headline("demo-links", "; ".join(parts) + f"; target 90% of the bound "
-                    f"{_verdict(min(shares), BOUND_SHARE_TARGET)}", [DEMO_LINKS], True)
+        parts.append(f"{label} {_x(speedup)} (fp32's link step / its loopback step "
+                     f"{_x(bound)}), {_x(sooner)} sooner to a training accuracy (not a test "
+                     "accuracy)")
+    return Headline("demo-links", "; ".join(parts), [DEMO_LINKS], True)
 
 
 LOCAL_STEPS = "benchmarks/data/local_steps/mwms_{}.json"
@@ -246,8 +280,8 @@ def local_steps_ps_accuracy_headline():
 
 def local_steps_ps_headline():
     """Local steps under parameter servers at 10 Mbit/s (raw, models.cluster_demo): each
-    run's step-time speedup over fp32 and its share of the zero-cost bound (fp32's step
-    on the link over its loopback step)."""
+    run's step-time speedup over fp32, and fp32's step on the link over its loopback step,
+    which these runs beat: it is not a floor."""
     step = {(s["link"], s["compression"], s.get("local_steps", 1)): s["step_time_s"]
             for s in read_json(LOCAL_STEPS_PS)}
     fp32 = step[("10mbit", "none", 1)]
@@ -258,9 +292,9 @@ def local_steps_ps_headline():
     return Headline(
         "local-steps-ps-10mbit",
         ", ".join(f"{name} {_x(speedup)}" for (name, _), speedup in zip(runs, speedups))
-        + f" faster steps than fp32: {', '.join(_percent(share) for share in shares)} of the "
-        f"{_x(bound)} zero-cost bound; target 90% for local steps "
-        f"{_verdict(min(shares[:2]), BOUND_SHARE_TARGET)}", [LOCAL_STEPS_PS], True)
+        + f" faster steps than fp32; fp32's link step / its loopback step {_x(bound)}, "
+        f"which {', '.join(_percent(share) for share in shares)} of it shows is not a floor",
+        [LOCAL_STEPS_PS], True)
 
 
 def local_steps_ps_bytes_headline():
@@ -295,8 +329,6 @@ def local_steps_ps_1mbit_headline():
     reaches a training accuracy than fp32 (one that fp32's 40 steps reach too; seed 0)
     and than synchronous ThreeLC (one that every compressed run reaches; seed 0, and the
     ratio of total times over seeds 0-2)."""
-    from models.cluster_demo import time_to_accuracy
-
     seeds = [[s for s in read_json(LOCAL_STEPS_PS_1MBIT.format(key)) if s["link"] == "1mbit"]
              for key in LOCAL_STEPS_PS_SEEDS]
     fp32 = read_json(LOCAL_STEPS_PS_1MBIT_FP32)
@@ -305,8 +337,8 @@ def local_steps_ps_1mbit_headline():
         return {s.get("local_steps", 1): r for s, r in zip(summaries, reached)}
 
     # Each seed to an accuracy its runs all reach; seed 0 also to one fp32 reaches.
-    per_seed = [by_local_steps(runs, time_to_accuracy(runs)) for runs in seeds]
-    (target_fp32, fp32_s), *to_fp32_target = time_to_accuracy([fp32, *seeds[0]])
+    per_seed = [by_local_steps(runs, time_to_training_accuracy(runs)) for runs in seeds]
+    (target_fp32, fp32_s), *to_fp32_target = time_to_training_accuracy([fp32, *seeds[0]])
     with_fp32, alone = by_local_steps(seeds[0], to_fp32_target), per_seed[0]
     local = [h for h in alone if h > 1]
     than_fp32 = max(fp32_s / with_fp32[h][1] for h in local)
@@ -317,7 +349,8 @@ def local_steps_ps_1mbit_headline():
     return Headline(
         "local-steps-ps-1mbit",
         f"best local steps {_x(than_fp32)} sooner than fp32 to a training accuracy of "
-        f"{target_fp32:.3f} (target 50x {_verdict(than_fp32, SOONER_THAN_FP32_TARGET)}), "
+        f"{target_fp32:.3f} (near chance, not a test accuracy; target 50x "
+        f"{_verdict(than_fp32, SOONER_THAN_FP32_TARGET)}), "
         f"{_x(than_threelc)} sooner than synchronous ThreeLC to {alone[1][0]:.3f} (seed 0; "
         f"{_x(over_seeds)} over {len(seeds)} seeds; target 3x "
         f"{_verdict(over_seeds, SOONER_THAN_THREELC_TARGET)})",

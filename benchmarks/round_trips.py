@@ -34,6 +34,12 @@ CONFIGS = {
                    "--local-steps", "4", "--outer-optimizer", "average"],
     "threelc-h16": ["--compression", "threelc", "--pull-compression", "threelc",
                     "--local-steps", "16", "--outer-optimizer", "average"],
+    # The coordinator's call crosses once per 4 (16) steps: what its dispatch costs.
+    "threelc-spe4": ["--compression", "threelc", "--pull-compression", "threelc",
+                     "--steps-per-execution", "4"],
+    "threelc-h16-spe16": ["--compression", "threelc", "--pull-compression", "threelc",
+                          "--local-steps", "16", "--outer-optimizer", "average",
+                          "--steps-per-execution", "16"],
 }
 KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "final_train_loss", "command")
@@ -41,6 +47,8 @@ KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "socket_worker_to_ps_byt
 
 def _train_args(config, strategy):
     args = list(CONFIGS[config])
+    if strategy == "mwms" and "--steps-per-execution" in args:
+        raise ValueError(f"{config}: steps per execution are the coordinator's (ps only)")
     if strategy == "mwms":
         # All-reduce has no pulls; the push codec is what crosses.
         i = args.index("--pull-compression")
@@ -111,7 +119,8 @@ def report(results):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategies", default="ps,mwms")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default="fp32,threelc,threelc-h4,threelc-h16",
+                        help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--rtts", default="0,20,50,100", help="round-trip times in ms")
     parser.add_argument("--rate", default="100mbit")
     parser.add_argument("--steps", type=int, default=48)

@@ -189,7 +189,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
         """The emulated link as `netem.parse_link` reads it ("10mbit/25ms"), or None."""
         if not self.emulates_links:
             return None
-        parts = [self.bandwidth or "-", self.delay or "0ms"]
+        parts = [self.bandwidth or "", self.delay or "0ms"]
         if self.loss is not None:
             parts.append(str(self.loss))
         return "/".join(parts)

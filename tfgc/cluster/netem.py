@@ -76,18 +76,18 @@ def parse_link(spec):
     """'10mbit/25ms' -> {"bandwidth": "10mbit", "delay": "25ms", "loss": None}.
 
     A link is its rate, then optionally its one-way delay and its loss rate, joined by
-    '/': "100mbit", "10mbit/25ms", "1mbit/50ms/0.1%". A rate of "-" leaves the rate
-    unshaped ("-/25ms"). Each part is checked as `parse_rate`, `parse_delay` and
+    '/': "100mbit", "10mbit/25ms", "1mbit/50ms/0.1%". No rate leaves the rate unshaped
+    ("/25ms"). Each part is checked as `parse_rate`, `parse_delay` and
     `parse_loss` check it.
 
     Raises:
       ValueError: a part that does not parse, or more than three parts.
     """
     parts = str(spec).strip().split("/")
-    if len(parts) > 3 or not parts[0]:
+    if len(parts) > 3 or not any(parts):
         raise ValueError(f"a link looks like '10mbit', '10mbit/25ms' or '10mbit/25ms/1%', "
                          f"got {spec!r}")
-    bandwidth = None if parts[0] == "-" else parts[0]
+    bandwidth = parts[0] or None
     delay = parts[1] if len(parts) > 1 else None
     loss = parts[2] if len(parts) > 2 else None
     if bandwidth is not None:
