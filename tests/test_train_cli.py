@@ -199,7 +199,7 @@ def test_demo_runs_local_steps_as_codec_at_h_and_labels_them(capsys):
     assert cells[1][1] == "threelc, 4 local steps (averaging)"
     # The first run is the base, not the other run of the same codec.
     assert cells[1][6] == "4.0x" and cells[1][-1] == "2.0x |"
-    lines = cluster_demo.floor_lines([row(1, 0.4), row(4, 0.2, average), *on_link],
+    lines = cluster_demo.floor_lines([row(1, 0.4), row(4, 0.2, average)],
                                      compute_floor=0.1, workers=2)
     assert lines[1] == ("loopback, threelc, 4 local steps (averaging): 0.200 s per step; "
                         "floors: compute 0.100 s; 50% of the higher floor.")
