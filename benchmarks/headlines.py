@@ -802,9 +802,46 @@ def fuzz_headline():
                     f"{crashes} crashes", [FUZZ], False)
 
 
+ROUND_TRIPS = "benchmarks/data/round_trips/results.json"
+# Round trips a step may pay: synchronous compressed steps, and local steps (per H).
+ROUND_TRIPS_TARGET, ROUND_TRIPS_PER_H_TARGET = 1.5, 1.5
+ROUND_TRIPS_NAMES = {"fp32": "fp32", "threelc": "ThreeLC", "threelc-h4": "H=4",
+                     "threelc-h16": "H=16", "threelc-spe4": "ThreeLC with 4 steps per call",
+                     "threelc-h16-spe16": "H=16 with 16 steps per call"}
+
+
+def round_trips_headlines():
+    """Round trips per step under each strategy (raw, benchmarks.round_trips): the slope of
+    step time against RTT, and the targets' verdicts on the compressed configurations."""
+    from benchmarks.round_trips import fit
+
+    results = read_json(ROUND_TRIPS)
+    rows = [r for r in results["rows"] if "error" not in r]
+    heads = []
+    for strategy in results["strategies"]:
+        parts, met = [], []
+        for config in results["configs"]:
+            mine = [r for r in rows if (r["strategy"], r["config"]) == (strategy, config)]
+            if len(mine) < 2:
+                continue
+            slope = fit(mine)[0]
+            parts.append(f"{ROUND_TRIPS_NAMES.get(config, config)} {slope:.2f}")
+            if config != "fp32":
+                h = int(config.split("-h")[1].split("-")[0]) if "-h" in config else 1
+                target = ROUND_TRIPS_TARGET if h == 1 else ROUND_TRIPS_PER_H_TARGET / h
+                met.append(slope <= target)
+        verdict = ("met" if all(met) else "missed" if not any(met)
+                   else f"met by {sum(met)} of {len(met)}")
+        heads.append(Headline(
+            f"round-trips-{strategy}", ", ".join(parts) + " round trips per step; target "
+            f"<= 1.5 (synchronous), <= 1.5/H (local steps) {verdict}", [ROUND_TRIPS], True))
+    return heads
+
+
 def compute():
     """Every headline, in the order of docs/results/index.md."""
-    return (demo_headlines() + [demo_links_headline()] + local_steps_headlines()
+    return (demo_headlines() + [demo_links_headline()] + round_trips_headlines()
+            + local_steps_headlines()
             + [powersgd_headline(), powersgd_long_headline(), powersgd_bfloat16_headline(),
                signum_headline(),
                signum_headline("signum-vote-mwms", SIGNUM_VOTE)]

@@ -330,6 +330,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     test_ds = workload.test_dataset()
     if args.strategy == "mwms":
         test_ds = test_ds.with_options(options)
+    if args.eval_every:
+        # The copy's metrics are made here, outside any strategy: made in a callback of
+        # `fit` they would be the strategy's (MultiWorkerMirrored's sync-on-read sums).
+        held_out.evaluate_in_fit(copy_for_tests, test_ds.take(1))
 
     def test(trained, tested=copy_for_tests, in_fit=False):
         """[loss, accuracy] of `trained`'s weights in `tested`, on the test set: batch-norm
