@@ -18,8 +18,6 @@ from tfgc import cluster
 from tfgc.cluster import netem
 from tfgc.cluster.processes import pid_alive
 
-pytestmark = pytest.mark.cluster
-
 needs_emulation = pytest.mark.skipif(
     cluster.emulation_unavailable() is not None,
     reason=str(cluster.emulation_unavailable()),
@@ -111,6 +109,7 @@ def _tcp_rate(net, sender, receiver, seconds):
     return window["bytes"] * 8 / window["seconds"]
 
 
+@pytest.mark.cluster
 @needs_emulation
 @pytest.mark.parametrize("rate, delay", [("20mbit", "10ms"), ("5mbit", "50ms")])
 def test_round_trips_take_twice_the_delay_and_transfers_keep_the_rate(rate, delay):
@@ -152,6 +151,7 @@ DATAGRAMS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cluster
 @needs_emulation
 def test_a_lossy_link_drops_its_share_of_frames():
     net = netem.EmulatedNetwork(None, TASKS, delay="1ms", loss="20%")
@@ -189,6 +189,7 @@ def test_link_specs_parse_and_refuse_what_tc_would_not_take():
     assert cluster.LocalCluster().link is None
 
 
+@pytest.mark.cluster
 @needs_emulation
 def test_the_delay_line_ends_with_its_launcher():
     # A launcher killed before its teardown: the line notices that its parent is gone
@@ -215,3 +216,23 @@ def test_the_delay_line_ends_with_its_launcher():
     assert [n for n in netem.netns_list() if n.startswith(prefix)]
     netem.remove_stale_namespaces()
     assert not [n for n in netem.netns_list() if n.startswith(prefix)]
+
+
+def test_command_lines_refuse_a_bad_link_before_anything_starts(tmp_path, capsys):
+    from models import train
+    from tfgc.cluster import cli
+
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    for argv in (["--link", "10mbit/25", str(script)],
+                 ["--link", "10mbit", "--bandwidth", "10mbit", str(script)]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 2
+    assert "25ms" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--strategy", "local", "--link", "10mbit/25ms"])
+    assert "--strategy ps or mwms" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--strategy", "ps", "--link", "10mbit/25ms/2"])
+    assert "loss" in capsys.readouterr().err
