@@ -95,8 +95,8 @@ def report(results):
     """The results page's table: one row per strategy and configuration."""
     rows = [r for r in results["rows"] if "error" not in r]
     lines = [
-        "| strategy | configuration | round trips per step (slope) | step at 0 RTT (s) | "
-        + " | ".join(f"step at {rtt} ms (s)" for rtt in results["rtts_ms"]) + " |",
+        "| strategy | configuration | round trips per step (slope) | fitted step at 0 RTT (s) | "
+        + " | ".join(f"step at {rtt:g} ms (s)" for rtt in results["rtts_ms"]) + " |",
         "|---|---|---|---|" + "---|" * len(results["rtts_ms"]),
     ]
     for strategy in results["strategies"]:
