@@ -75,7 +75,8 @@ def _common(args, seed, steps):
             "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
             "--steps", str(steps), "--log-every", str(args.log_every),
             "--batch-size", str(args.batch_size), "--seed", str(seed), "--verbose", "0",
-            "--recompute-statistics", str(args.recompute_statistics)]
+            "--recompute-statistics", str(args.recompute_statistics)] + (
+                [] if args.lr is None else ["--lr", str(args.lr)])
 
 
 def _train(command, timeout_s):
@@ -221,6 +222,10 @@ def main(argv=None):
     parser.add_argument("--log-every", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="models.train --lr for every run (default: the model's; "
+                             "ResNet-20's 0.1 did not train digits under parameter servers "
+                             "in 320 steps, where it trains without a strategy)")
     parser.add_argument("--recompute-statistics", type=int, default=0,
                         help="batches to recompute batch-norm statistics with before "
                              "every test, for every run alike (0: kept statistics)")
