@@ -813,6 +813,7 @@ ROUND_TRIPS_NAMES = {"fp32": "fp32", "threelc": "ThreeLC", "threelc-h4": "H=4",
 def round_trips_headlines():
     """Round trips per step under each strategy (raw, benchmarks.round_trips): the slope of
     step time against RTT, and the targets' verdicts on the compressed configurations."""
+    from benchmarks.link_configs import local_steps
     from benchmarks.round_trips import fit
 
     results = read_json(ROUND_TRIPS)
@@ -827,7 +828,7 @@ def round_trips_headlines():
             slope = fit(mine)[0]
             parts.append(f"{ROUND_TRIPS_NAMES.get(config, config)} {slope:.2f}")
             if config != "fp32":
-                h = int(config.split("-h")[1].split("-")[0]) if "-h" in config else 1
+                h = local_steps(config)
                 target = ROUND_TRIPS_TARGET if h == 1 else ROUND_TRIPS_PER_H_TARGET / h
                 met.append(slope <= target)
         verdict = ("met" if all(met) else "missed" if not any(met)

@@ -23,37 +23,13 @@ import sys
 import tempfile
 import time
 
+from benchmarks.link_configs import CONFIGS, train_args
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "data", "round_trips", "results.json")
 
-# name -> (models.train arguments, strategies it runs under)
-CONFIGS = {
-    "fp32": ["--compression", "none", "--pull-compression", "none"],
-    "threelc": ["--compression", "threelc", "--pull-compression", "threelc"],
-    "threelc-h4": ["--compression", "threelc", "--pull-compression", "threelc",
-                   "--local-steps", "4", "--outer-optimizer", "average"],
-    "threelc-h16": ["--compression", "threelc", "--pull-compression", "threelc",
-                    "--local-steps", "16", "--outer-optimizer", "average"],
-    # The coordinator's call crosses once per 4 (16) steps: what its dispatch costs.
-    "threelc-spe4": ["--compression", "threelc", "--pull-compression", "threelc",
-                     "--steps-per-execution", "4"],
-    "threelc-h16-spe16": ["--compression", "threelc", "--pull-compression", "threelc",
-                          "--local-steps", "16", "--outer-optimizer", "average",
-                          "--steps-per-execution", "16"],
-}
 KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "final_train_loss", "command")
-
-
-def _train_args(config, strategy):
-    args = list(CONFIGS[config])
-    if strategy == "mwms" and "--steps-per-execution" in args:
-        raise ValueError(f"{config}: steps per execution are the coordinator's (ps only)")
-    if strategy == "mwms":
-        # All-reduce has no pulls; the push codec is what crosses.
-        i = args.index("--pull-compression")
-        del args[i:i + 2]
-    return args
 
 
 def run_one(config, strategy, rate, rtt_ms, steps, log_every, timeout_s):
@@ -66,7 +42,7 @@ def run_one(config, strategy, rate, rtt_ms, steps, log_every, timeout_s):
             "--test-limit", "200", "--steps", str(steps), "--log-every", str(log_every),
             "--link", f"{rate}/{delay}", "--timeout", str(timeout_s), "--verbose", "0",
             "--recompute-statistics", "0", "--out", out,
-            *_train_args(config, strategy),
+            *train_args(config, strategy),
         ] + (["--ps", "1"] if strategy == "ps" else [])
         started = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s + 60)

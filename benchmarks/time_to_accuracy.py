@@ -37,37 +37,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks.link_configs import CONFIGS, local_steps, train_args  # noqa: E402
 from models import floors, held_out  # noqa: E402
 
-CONFIGS = {
-    "fp32": ["--compression", "none", "--pull-compression", "none"],
-    "bf16": ["--compression", "bf16", "--pull-compression", "none"],
-    "threelc": ["--compression", "threelc", "--pull-compression", "threelc"],
-    "threelc-h4": ["--compression", "threelc", "--pull-compression", "threelc",
-                   "--local-steps", "4", "--outer-optimizer", "average"],
-    "threelc-h16": ["--compression", "threelc", "--pull-compression", "threelc",
-                    "--local-steps", "16", "--outer-optimizer", "average"],
-    "threelc-1.75-entropy": ["--compression", "threelc:sparsity=1.75,coder=entropy",
-                             "--pull-compression", "threelc:sparsity=1.75,coder=entropy"],
-    "powersgd": ["--compression", "powersgd", "--pull-compression", "none"],
-}
 KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "test_accuracy", "held_out",
         "held_out_statistics", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "socket_worker0_sent_bytes_per_step",
         "socket_worker0_received_bytes_per_step", "steps", "command")
-
-
-def _args_for(config, strategy):
-    args = list(CONFIGS[config])
-    if strategy == "mwms" and "--pull-compression" in args:
-        i = args.index("--pull-compression")
-        del args[i:i + 2]  # all-reduce has no pulls
-    return args
-
-
-def _local_steps(config):
-    args = CONFIGS[config]
-    return int(args[args.index("--local-steps") + 1]) if "--local-steps" in args else 1
 
 
 def _common(args, seed, steps):
@@ -101,7 +77,7 @@ def run_config(args, config, seed, link, steps):
     command = [sys.executable, "-m", "models.train", "--strategy", args.strategy,
                "--workers", str(args.workers), "--eval-every", str(args.eval_every),
                "--timeout", str(args.timeout), *_common(args, seed, steps),
-               *_args_for(config, args.strategy)]
+               *train_args(config, args.strategy)]
     if args.strategy == "ps":
         command += ["--ps", "1"]
     if link != "loopback":
@@ -143,7 +119,7 @@ def summarize(results):
                 r["estimate_from"] = {"first_epoch_s": r["first_epoch_s"],
                                       "loopback_steps_to_target": steps_to,
                                       "link_step_s": r["step_time_s"]}
-        floor = floors.link_floor(r, r["link"], results["workers"], _local_steps(r["config"]))
+        floor = floors.link_floor(r, r["link"], results["workers"], local_steps(r["config"]))
         r["link_floor"] = floor
         r["compute_floor_step_s"] = compute.get(r["seed"])
         known = [f for f in (r["compute_floor_step_s"], floor and floor["floor_step_s"]) if f]

@@ -323,10 +323,16 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     # Otherwise tf_keras traces the first step twice, and under PSS sends both to each task.
     tfgc.build_for_fit(model, train_ds)
 
-    # A copy of the model for tests, made outside the strategy's scope: the final test
-    # and --eval-every's test the weights alike (see `test`).
-    copy_for_tests = workload.build_model(0.0)
-    copy_for_tests.compile("sgd", workload.loss(), metrics=workload.metrics())
+    # The test set is evaluated on a copy of the trained weights: under parameter servers
+    # on the coordinator; under MultiWorkerMirrored by every worker alone, as the
+    # statistics are recomputed there from the same first training batches; and by
+    # --eval-every's tests. Made here, outside the strategy's scope.
+    tests_a_copy = args.strategy == "ps" or (
+        args.strategy == "mwms" and args.recompute_statistics)
+    copy_for_tests = None
+    if tests_a_copy or args.eval_every:
+        copy_for_tests = workload.build_model(0.0)
+        copy_for_tests.compile("sgd", workload.loss(), metrics=workload.metrics())
     test_ds = workload.test_dataset()
     if args.strategy == "mwms":
         test_ds = test_ds.with_options(options)
@@ -335,18 +341,20 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         # `fit` they would be the strategy's (MultiWorkerMirrored's sync-on-read sums).
         held_out.evaluate_in_fit(copy_for_tests, test_ds.take(1))
 
-    def test(trained, tested=copy_for_tests, in_fit=False):
-        """[loss, accuracy] of `trained`'s weights in `tested`, on the test set: batch-norm
-        statistics recomputed at the workers' batch size where --recompute-statistics
-        says so (the batch size their batch statistics were taken at), else kept."""
-        if tested is not trained:
-            tested.set_weights(trained.get_weights())
+    def test(tested, in_fit=False):
+        """[loss, accuracy] of `tested` on the test set: batch-norm statistics recomputed
+        at the workers' batch size where --recompute-statistics says so (the batch size
+        their batch statistics were taken at), else kept."""
         if args.recompute_statistics:
             summary["recomputed_statistics_batches"] = tfgc.recompute_statistics(
                 tested, workload.train_dataset(args.batch_size), args.recompute_statistics)
         if in_fit:
             return held_out.evaluate_in_fit(tested, test_ds)
         return tested.evaluate(test_ds, verbose=0)
+
+    def test_during_fit(trained):
+        copy_for_tests.set_weights(trained.get_weights())
+        return test(copy_for_tests, in_fit=True)[1]
 
     per_batch = args.strategy != "ps"
     recorder = recorder_classes()[per_batch](
@@ -359,7 +367,7 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     evaluator = None
     if args.eval_every:
         evaluator = held_out.evaluator_class()(
-            recorder, lambda trained: test(trained, in_fit=True)[1], args.eval_every, epochs)
+            recorder, test_during_fit, args.eval_every, epochs)
         callbacks.append(evaluator)
     # After the recorder (the bad loss gets its row), before the backup's save (a
     # diverged epoch is never saved, so no restart could resume from it).
@@ -455,17 +463,14 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         summary["socket_bytes"] = recorder.socket_rows
 
     test_model = model
-    if args.strategy == "ps" or (args.strategy == "mwms" and args.recompute_statistics):
-        # The test set is evaluated on a copy of the trained weights: under parameter
-        # servers on the coordinator; under MultiWorkerMirrored by every worker alone, as
-        # the statistics are recomputed there from the same first training batches.
+    if tests_a_copy:
         test_model = copy_for_tests
+        test_model.set_weights(model.get_weights())
     if args.recompute_statistics:
         # Tested with the statistics training kept too, for the record.
-        test_model.set_weights(model.get_weights())
         summary["test_accuracy_kept_statistics"] = float(
             test_model.evaluate(test_ds, verbose=0)[1])
-    test_loss, test_accuracy = test(model, test_model)
+    test_loss, test_accuracy = test(test_model)
     summary["test_loss"], summary["test_accuracy"] = float(test_loss), float(test_accuracy)
     if evaluator is not None:
         summary["held_out"] = evaluator.rows

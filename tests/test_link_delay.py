@@ -84,7 +84,7 @@ SEND = textwrap.dedent("""
 TASKS = [("worker", 0), ("worker", 1)]
 
 
-def _in(net, task, code, *args, **kwargs):
+def _in(net, task, code, *args):
     return [*net.exec_prefix(task), sys.executable, "-c", code, *map(str, args)]
 
 

@@ -98,10 +98,10 @@ def run(pairs, delay_s, loss, queue_bytes, parent, seed=None):
             if parent and os.getppid() != parent:
                 break
             next_parent_check = now + _PARENT_CHECK_S
-        due = min((line.queue[0][0] for line in lines if line.queue), default=None)
-        wait = next_parent_check - now if due is None else max(0.0, due - now)
+        due = min((line.queue[0][0] for line in lines if line.queue),
+                  default=next_parent_check)
         try:
-            events = poller.poll(min(wait, next_parent_check - now))
+            events = poller.poll(max(0.0, min(due, next_parent_check) - now))
         except InterruptedError:
             continue
         for fd, _ in events:
@@ -110,9 +110,7 @@ def run(pairs, delay_s, loss, queue_bytes, parent, seed=None):
             while True:
                 try:
                     frame = sock.recv(_MAX_FRAME)
-                except BlockingIOError:
-                    break
-                except OSError:
+                except OSError:  # nothing more to read now (or the link went down)
                     break
                 if not delayed:
                     _send(line.inner, frame, line.stats)
