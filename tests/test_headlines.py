@@ -52,3 +52,30 @@ def test_pages_name_data_and_plots_that_exist():
             if not os.path.exists(os.path.join(RESULTS, path)):
                 missing.append(f"{name}: {path}")
     assert not missing, missing
+
+
+# A ratio ("32.8x") or a signed accuracy gap ("+4.20", "-0.40") in the README's text.
+README_NUMBER = re.compile(r"(?<![\w.])([+-]\d+\.\d+|\d[\d,]*(?:\.\d+)?x)(?![\w.])")
+
+
+def _readme_headline_section():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    start = text.index("## Headline numbers")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def _matches(shown, value):
+    """`shown` ("141x", "-0.40") is `value` at the README's precision."""
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    return round(value, decimals) == float(shown)
+
+
+def test_readme_headlines_come_from_raw_output():
+    numbers = [float(n.rstrip("x").replace(",", "")) for head in headlines.compute()
+               if head.raw for n in README_NUMBER.findall(head.value)]
+    shown = [n.rstrip("x").replace(",", "")
+             for n in README_NUMBER.findall(_readme_headline_section())]
+    assert len(shown) >= 10, shown
+    unknown = [n for n in shown if not any(_matches(n, value) for value in numbers)]
+    assert not unknown, f"README headline numbers no raw headline derives: {unknown}"
