@@ -32,7 +32,7 @@ from tfgc._compat.tensorflow_hooks import (
     BaseResourceVariable, CachingVariable, ResourceVariable, ShardedVariable, Trackable,
     UnliftedInitializerVariable,
     caching_variable_inner, distribute_strategy_of, eager_context, eager_mode,
-    export_to_saved_model_graph, in_save_context, init_variable_from_handle,
+    export_to_saved_model_graph, in_save_context, in_xla_context, init_variable_from_handle,
     is_function_graph, is_savedmodel_save, ps_num_workers, resource_handle,
     name_per_worker_copies, set_parent_trackable, set_sharded_container, synchronous_executor, trackable_children,
     unwrap_caching_variable, variable_accessed,

@@ -148,6 +148,13 @@ def _probe_func_graph():
     return _module("tensorflow.python.framework.func_graph").FuncGraph
 
 
+@_hook("in_xla_context", "tensorflow",
+       "tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext (true while "
+       "a tf.function(jit_compile=True) traces, also in functions it calls)")
+def _probe_in_xla_context():
+    return _module("tensorflow.python.ops.control_flow_util").GraphOrParentsInXlaContext
+
+
 @_hook("eager_context", "tensorflow",
        "tensorflow.python.eager.context.context and context.eager_mode")
 def _probe_eager_context():
@@ -215,6 +222,15 @@ def is_function_graph(graph):
     Relies on `tensorflow.python.framework.func_graph.FuncGraph`.
     """
     return isinstance(graph, _resolved["FuncGraph"])
+
+
+def in_xla_context(graph):
+    """Whether ops made in `graph` now will be compiled by XLA (a tf.function with
+    `jit_compile=True` is tracing, or one it calls).
+
+    Relies on `tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`.
+    """
+    return bool(_resolved["in_xla_context"](graph))
 
 
 def eager_context():

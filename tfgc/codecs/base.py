@@ -175,6 +175,11 @@ class Codec(abc.ABC):
     #: of its compressor); local steps there, which encode in a branch, refuse it.
     keeps_sender_state = False
 
+    #: True when `encode` and `decode` are made of TensorFlow's own ops, which XLA
+    #: compiles, so a step compiled with `jit_compile=True` can run them; False for a
+    #: codec built on tfgc's C++ ops, which have no XLA kernels.
+    compiles_with_xla = False
+
     #: The most elements `decode` returns when called without `expected_shape`;
     #: None: the module's `MAX_DECODED_ELEMENTS` (read when decoding).
     max_decoded_elements = None

@@ -16,6 +16,8 @@ class NoCompression(base.Codec):
     shape, and decode to `tf.IndexedSlices` again.
     """
 
+    compiles_with_xla = True
+
     summable = True
     accepts_indexed_slices = True
 
@@ -52,6 +54,8 @@ class Cast(base.Codec):
     the other. The fused wires send a model's small tensors (biases, batch-norm
     parameters) this way.
     """
+
+    compiles_with_xla = True
 
     summable = True
     batched = True

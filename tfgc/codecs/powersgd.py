@@ -61,6 +61,8 @@ class PowerSGD(base.PerVariableSettings):
     part of each gradient outside the shared subspace is lost for good.
     """
 
+    compiles_with_xla = True
+
     summable = True
     state = "a warm start per variable"
     layer_class = "PowerSGDLayer"
@@ -121,6 +123,8 @@ class PowerSGDLayer(tf.Module, base.Codec):
     State: q (the warm start, [columns, r]) and step (encodings so far); the sender's
     own, per worker under ParameterServerStrategy.
     """
+
+    compiles_with_xla = True
 
     summable = True
     keeps_sender_state = True

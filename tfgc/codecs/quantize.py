@@ -145,6 +145,8 @@ class Int8(base.ReconstructingCodec):
     Payload: {"data": int8, "scale", "shape"}.
     """
 
+    compiles_with_xla = True
+
     def __init__(self) -> None:
         self._codes = base.CompiledForLarge(_int8_codes)
 

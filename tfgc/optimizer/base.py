@@ -13,6 +13,7 @@ from tfgc.distribute import (
     zeros_of,
 )
 from tfgc.local_steps import as_outer_optimizer, check_local_steps
+from tfgc.optimizer import xla
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
 from tfgc.variables import PulledVariable
 from tfgc.wire import choose_wire
@@ -251,10 +252,16 @@ class CompressingBase:
         small-tensor codec below `min_elements`."""
         return self.encoder.codec(variable)
 
+    def wire_for(self, strategy, aggregate):
+        """The wire this optimizer's gradients take under `strategy` (`aggregate`: summed
+        across its replicas)."""
+        return choose_wire(self.encoder, strategy, aggregate, self.bucket_bytes)
+
     def _send_all(self, strategy, grads_and_vars, aggregate):
         """Sends every gradient over the wire `strategy` calls for and counts the bytes;
         returns the (gradient as received, variable) pairs."""
-        wire = choose_wire(self.encoder, strategy, aggregate, self.bucket_bytes)
+        wire = self.wire_for(strategy, aggregate)
+        xla.refuse_compiled_step(self, wire)
         pairs, sent = wire.send(grads_and_vars)
         self._counters.record("push", sent)
         return pairs

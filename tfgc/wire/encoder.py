@@ -147,6 +147,10 @@ class Encoder:
                     "on every worker; its gradients are sent densified", stacklevel=4)
             self._residuals[self._residual_key(variable)] = make_residual(variable)
 
+    def codecs_in_use(self):
+        """The bound codecs of the variables built so far, and the small-tensor codec."""
+        return [*self._codecs.values(), self._below_min]
+
     def bound_codec(self, variable):
         """The main codec bound to `variable` (see `Codec.bind`)."""
         return self._codecs[self._codec_key(variable)]
