@@ -259,6 +259,43 @@ def test_powersgd_sends_bfloat16_factors_and_keeps_their_rounding(rng):
                                   .reshape(20, 10))
 
 
+def _hook_reference(gradients, q):
+    """PyTorch's `powerSGD_hook` for one worker in numpy (float64): error feedback, the
+    warm start Q kept as M^T P, Gram-Schmidt with its default orthogonalization_epsilon
+    of 0. Returns the norm of the error kept after each step."""
+    error, kept = np.zeros_like(gradients[0]), []
+    for gradient in gradients:
+        m = gradient + error
+        p = m @ q
+        for i in range(p.shape[1]):
+            p[:, i] /= np.linalg.norm(p[:, i])
+            for j in range(i + 1, p.shape[1]):
+                p[:, j] -= (p[:, i] @ p[:, j]) * p[:, i]
+        q = m.T @ p
+        error = m - p @ q.T
+        kept.append(np.linalg.norm(error))
+    return np.array(kept)
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-3, 1e-2, 1.0, 1e2])
+def test_powersgd_error_matches_pytorchs_hook_at_every_gradient_norm(rng, scale):
+    """The error feedback keeps what PyTorch's hook keeps, whatever the gradient's scale
+    (an epsilon added to the column norms once made small gradients' errors up to 4.6x
+    larger)."""
+    layer = bound(C.PowerSGD(rank=2), [64, 32])
+    base_ = rng.normal(size=[64, 4]) @ rng.normal(size=[4, 32])
+    gradients = [base_ + 0.3 * rng.normal(size=[64, 32]) for _ in range(8)]
+    gradients = [scale * g / np.linalg.norm(g) for g in gradients]  # norms of `scale`
+    expected = _hook_reference(gradients, layer.q.numpy().astype(np.float64))
+    error, kept = np.zeros([64, 32], np.float32), []
+    for gradient in gradients:
+        m = gradient.astype(np.float32) + error
+        error = m - layer.encode_and_reconstruct(m)[1].numpy()
+        kept.append(np.linalg.norm(error))
+    assert abs(sum(kept) / expected.sum() - 1) < 0.05, (kept, expected)
+    np.testing.assert_allclose(kept, expected, rtol=0.05)
+
+
 def test_powersgd_is_exact_on_matrices_of_rank_r(rng):
     layer = bound(C.PowerSGD(rank=3), [50, 40])
     m = (rng.normal(size=[50, 3]) @ rng.normal(size=[3, 40])).astype(np.float32)

@@ -36,11 +36,6 @@ from tfgc.codecs import base, identity
 #: The dtypes P and Q may travel in.
 FACTORS_DTYPES = (tf.float32, tf.bfloat16)
 
-#: Added to a column's norm before dividing by it (PyTorch's orthogonalization epsilon):
-#: a zero column stays zero instead of turning into NaN.
-EPSILON = 1e-8
-
-
 class PowerSGD(base.PerVariableSettings):
     """PowerSGD settings; `bind(variable)` makes the per-variable compressor.
 
@@ -363,11 +358,19 @@ def orthonormal(matrix: tf.Tensor) -> tf.Tensor:
     for i in range(matrix.shape[1]):
         column = matrix[:, i]
         for _ in range(2 if columns else 0):
-            column /= tf.norm(column) + EPSILON
+            column = _normalised(column)
             for done in columns:
                 column -= tf.reduce_sum(done * column) * done
-        columns.append(column / (tf.norm(column) + EPSILON))
+        columns.append(_normalised(column))
     return tf.stack(columns, axis=1)
+
+
+def _normalised(column):
+    """`column` over its norm; a zero column stays zero. No epsilon is added to the norm
+    (PyTorch's hook adds none by default): P = M Q scales with the gradient's square,
+    and an epsilon would leave the columns of small gradients (norms near 1e-3 and
+    below) unnormalised, their error depending on the gradient's scale."""
+    return tf.math.divide_no_nan(column, tf.norm(column))
 
 
 def _zero_padded(vector, size):
