@@ -870,10 +870,40 @@ def round_trips_headlines():
     return heads
 
 
+TIME_TO_ACCURACY = "benchmarks/data/time_to_accuracy/ps_100mbit_20ms_rtt.json"
+
+
+def time_to_accuracy_headline():
+    """The best configuration's time to the held-out target against fp32 and bf16 on
+    100 Mbit/s + 20 ms RTT under parameter servers (raw, benchmarks.time_to_accuracy)."""
+    from benchmarks.time_to_accuracy import summarize
+
+    results = read_json(TIME_TO_ACCURACY)
+    summary = summarize(results, with_floors=False)
+    link = "100mbit/10ms"
+    on_link = [s for s in summary["speedups"] if s["link"] == link]
+    best = max((s for s in on_link if s["against"] == "fp32"),
+               key=lambda s: s["ratio_of_totals"])
+    parts = []
+    for s in on_link:
+        if s["config"] == best["config"]:
+            parts.append(f"{'>= ' if s['at_least'] else ''}{_x(s['ratio_of_totals'])} "
+                         f"sooner than {s['against']}"
+                         + (" (which did not reach it)" if s["at_least"] else ""))
+    seeds = ",".join(map(str, results["seeds"]))
+    return Headline(
+        "time-to-accuracy-ps",
+        f"{best['config']} to test accuracy {summary['target']:.3f} on 100 Mbit/s + 20 ms "
+        f"RTT: {'; '.join(parts)}; seed {seeds}, {results['rows'][0]['steps']} steps; "
+        "targets (10x at 10 Mbit/s + 50 ms, 50x at 1 Mbit/s + 100 ms, 3 seeds) not run",
+        [TIME_TO_ACCURACY], True)
+
+
 def compute():
     """Every headline, in the order of docs/results/index.md."""
     return (demo_headlines() + [demo_links_headline(), demo_links_sockets_headline(),
                                  sparse_embeddings_headline()] + round_trips_headlines()
+            + [time_to_accuracy_headline()]
             + local_steps_headlines()
             + [powersgd_headline(), powersgd_long_headline(), powersgd_bfloat16_headline(),
                signum_headline(),

@@ -1,0 +1,54 @@
+"""The time-to-accuracy benchmark's summary of its committed raw output."""
+import copy
+import json
+import os
+
+from benchmarks import time_to_accuracy
+
+RAW = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "data",
+                   "time_to_accuracy", "ps_100mbit_20ms_rtt.json")
+
+
+def _results():
+    with open(RAW) as f:
+        return json.load(f)
+
+
+def _speedup(summary, link, config, against):
+    return next(s for s in summary["speedups"]
+                if (s["link"], s["config"], s["against"]) == (link, config, against))
+
+
+def test_a_baseline_that_never_reached_the_target_gives_an_at_least_ratio():
+    results = _results()
+    summary = time_to_accuracy.summarize(results, with_floors=False)
+    rows = {(r["link"], r["config"]): r for r in results["rows"]}
+    fp32, h4 = rows[("100mbit/10ms", "fp32")], rows[("100mbit/10ms", "threelc-h4")]
+    assert fp32["time_to_target_s"] is None
+    speedup = _speedup(summary, "100mbit/10ms", "threelc-h4", "fp32")
+    assert speedup["at_least"]
+    assert speedup["ratio_of_totals"] == fp32["held_out"][-1]["time_s"] / h4["time_to_target_s"]
+    assert ">= 2.03x (fp32 did not reach the target: at least)" in time_to_accuracy.report(
+        _results())
+
+
+def test_a_baseline_that_reached_the_target_gives_a_plain_ratio():
+    results = _results()
+    summary = time_to_accuracy.summarize(results, with_floors=False)
+    speedup = _speedup(summary, "loopback", "threelc", "fp32")
+    assert not speedup["at_least"]
+    rows = {(r["link"], r["config"]): r for r in results["rows"]}
+    assert speedup["ratio_of_totals"] == (rows[("loopback", "fp32")]["time_to_target_s"]
+                                          / rows[("loopback", "threelc")]["time_to_target_s"])
+
+
+def test_a_configuration_that_never_reached_the_target_has_no_ratio():
+    summary = time_to_accuracy.summarize(_results(), with_floors=False)
+    assert not [s for s in summary["speedups"] if s["config"] == "threelc-h16"]
+
+
+def test_the_floors_are_never_beaten_by_the_committed_runs():
+    results = copy.deepcopy(_results())
+    time_to_accuracy.summarize(results)
+    for row in results["rows"]:
+        assert 0 < row["share_of_floor"] <= 1, (row["link"], row["config"])
