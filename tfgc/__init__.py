@@ -12,7 +12,7 @@ from tfgc.optimizer import (
     DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
 )
 from tfgc.moving_statistics import batch_norm_on_server
-from tfgc.trainer import fit_on_parameter_servers
+from tfgc.trainer import fit_across_workers, fit_on_parameter_servers
 from tfgc.prebuild import build_for_fit
 from tfgc.pulls import compressed_pulls, get_variable
 from tfgc.recomputed_statistics import recompute_statistics
@@ -24,7 +24,7 @@ register_keras_optimizers()
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "ResidualFeedback", "DistributedOptimizer",
     "get_variable", "compressed_pulls", "batch_norm_on_server", "recompute_statistics",
-    "fit_on_parameter_servers", "build_for_fit",
+    "fit_on_parameter_servers", "fit_across_workers", "build_for_fit",
     "BoundedAdam", "CompressedEmbedding", "OuterSGD", "cluster", "mqgrad",
 ]
 
