@@ -178,17 +178,20 @@ def test_isolate_moves_a_single_threaded_process_in_place(tmp_path):
     assert result == {"ok": True, "moved": True, "interfaces": ["lo"], "uid": os.getuid()}
 
 
+# What `ways_out` says of a host's namespace.
+HOST_WAY_OUT = "eth0: a link of kind device (ether), not a veth into another namespace"
+
+
 def test_a_cluster_outside_a_private_network_warns_loudly(monkeypatch, capsys):
-    monkeypatch.setattr(isolation, "interfaces", lambda: ["eth0", "lo"])
+    monkeypatch.setattr(isolation, "ways_out", lambda: [HOST_WAY_OUT])
     monkeypatch.setattr(isolation, "_warned", False)
     assert not isolation.in_private_network()
     monkeypatch.setenv(isolation.SWITCH, "0")
     with pytest.warns(isolation.ExposedClusterWarning, match="without authentication"):
         assert isolation.isolate() is False
     assert "listen on every network interface" in capsys.readouterr().err
-    # Loopback and the links of bandwidth emulation lead nowhere else.
-    monkeypatch.setattr(isolation, "interfaces", lambda: ["lo", "tfgc1a2b3c"])
-    assert isolation.in_private_network()
+    monkeypatch.setattr(isolation, "ways_out", lambda: [])
+    assert isolation.in_private_network() == sys.platform.startswith("linux")
 
 
 # --- clusters are private by default -----------------------------------------------------
@@ -211,7 +214,7 @@ def _in_a_namespace_with_an_interface(command):
 @pytest.fixture
 def exposed_namespace(monkeypatch):
     """This process's namespace looks like a host's (eth0), and nothing opted out."""
-    monkeypatch.setattr(isolation, "interfaces", lambda: ["eth0", "lo"])
+    monkeypatch.setattr(isolation, "ways_out", lambda: [HOST_WAY_OUT])
     monkeypatch.setattr(isolation, "unavailable", lambda: None)
     monkeypatch.setattr(isolation, "_isolate_failed", None)
     monkeypatch.setattr(isolation, "_warned", False)
@@ -227,7 +230,7 @@ def exposed_namespace(monkeypatch):
 
 
 def _assert_says_what_to_do(message):
-    assert "refuses to start" in message and "(eth0)" in message
+    assert "refuses to start" in message and f"reach beyond itself ({HOST_WAY_OUT})" in message
     assert "without authentication" in message
     assert "`tfgc.cluster.isolate()` first thing in main()" in message
     assert "python -m tfgc.cluster.private" in message
@@ -307,7 +310,8 @@ def test_opting_out_starts_the_cluster_and_warns(exposed_namespace, monkeypatch,
 def test_a_private_cluster_starts_in_a_private_network(monkeypatch, recwarn):
     from tfgc import cluster
 
-    monkeypatch.setattr(isolation, "interfaces", lambda: ["lo", "tfgc1a2b3c"])
+    monkeypatch.setattr(isolation, "ways_out", lambda: [])
+    monkeypatch.setattr(isolation.sys, "platform", "linux")
     monkeypatch.delenv(isolation.SWITCH, raising=False)
     c = cluster.LocalCluster(num_ps=0, num_workers=1).start()
     c.stop(remove_logs=True)
@@ -367,7 +371,8 @@ def test_outside_a_private_network_only_an_explicit_opt_out_starts_a_cluster(tmp
     assert "nic0" in report["interfaces"]
     refused = report["refused"]
     assert refused is not None, "a private cluster started outside a private network"
-    assert "(nic0" in refused and "without authentication" in refused
+    assert "can reach beyond itself (nic" in refused and "without authentication" in refused
+    assert "nic0: a link of kind" in refused or "nic0: a veth pair" in refused
     for advice in ("`tfgc.cluster.isolate()` first thing in main()",
                    "python -m tfgc.cluster.private", 'network="exposed"',
                    "TFGC_NETWORK_ISOLATION=0"):
@@ -377,3 +382,195 @@ def test_outside_a_private_network_only_an_explicit_opt_out_starts_a_cluster(tmp
     assert len(report["warnings"]) == 1
     assert "without authentication" in report["warnings"][0]
     assert 'network="exposed"' in report["warnings"][0]
+
+
+# --- private is judged by what a namespace reaches, not by interface names -------------
+
+# Prints what this very isolation module (loaded without tfgc) says of its namespace.
+REACH_SCRIPT = textwrap.dedent(
+    """
+    import importlib.util, json, sys
+    spec = importlib.util.spec_from_file_location("isolation", sys.argv[1])
+    isolation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(isolation)
+    print(json.dumps({"private": isolation.in_private_network(),
+                      "ways_out": isolation.ways_out()}))
+    """
+)
+
+# A link that may hold an address: a dummy where the kernel has the module, else a bridge.
+_ADDRESSABLE = "{{ ip link add {0} type dummy 2>/dev/null || ip link add {0} type bridge; }}"
+
+# name -> (commands that shape the new namespace, a way out `ways_out` must name or None).
+REACH_CASES = {
+    "loopback_only": ("true", None),
+    "empty_bridge_named_tfgc": (
+        "ip link add tfgcleak0 type bridge && ip link set tfgcleak0 up",
+        "tfgcleak0: a link of kind bridge"),
+    "link_named_tfgc_with_a_public_address": (
+        _ADDRESSABLE.format("tfgc0") + " && ip addr add 198.51.100.7/24 dev tfgc0 && "
+        "ip link set tfgc0 up", "address 198.51.100.7/24 on tfgc0"),
+    "link_named_tfgc_with_a_route_out": (
+        _ADDRESSABLE.format("tfgc0") + " && ip addr add 10.201.0.1/24 dev tfgc0 && "
+        "ip link set tfgc0 up && ip route add default via 10.201.0.254",
+        "a default route via 10.201.0.254 dev tfgc0"),
+    "veth_pair_named_tfgc_both_ends_here": (
+        "ip link add tfgca type veth peer name tfgcb && ip link set tfgca up",
+        "tfgca: a veth pair whose other end (tfgcb) is here too"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REACH_CASES))
+def test_a_namespace_is_private_by_what_it_reaches_not_by_link_names(name):
+    if shutil.which("ip") is None:
+        pytest.skip("needs `ip` (iproute2) to shape a namespace")
+    shape, way_out = REACH_CASES[name]
+    done = subprocess.run(
+        [*isolation.unshare_command(), "sh", "-c",
+         f'ip link set lo up && {shape} && exec "$@"', "sh",
+         sys.executable, "-c", REACH_SCRIPT, isolation.__file__],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    if way_out is None:
+        assert result == {"private": True, "ways_out": []}
+    else:
+        assert result["private"] is False, result
+        assert any(way_out in reason for reason in result["ways_out"]), result
+
+
+def test_addresses_and_routes_outside_tfgcs_ranges_are_ways_out():
+    addresses = [{"ifname": "lo", "addr_info": [{"local": "127.0.0.1", "prefixlen": 8},
+                                                {"local": "::1", "prefixlen": 128}]},
+                 {"ifname": "tfgc0", "addr_info": [
+                     {"local": "10.201.3.1", "prefixlen": 24},
+                     {"local": "fe80::4c76:81ff:fe0d:c060", "prefixlen": 64},
+                     {"local": "10.199.3.1", "prefixlen": 24},
+                     {"local": "fd00::2", "prefixlen": 64}]}]
+    assert isolation._address_ways_out(addresses, "") == [
+        "address 10.199.3.1/24 on tfgc0", "address fd00::2/64 on tfgc0"]
+    routes = [
+        {"dst": "10.201.3.0/24", "dev": "tfgc0"},
+        {"type": "broadcast", "dst": "10.201.3.255", "dev": "tfgc0"},
+        {"type": "local", "dst": "127.0.0.0/8", "dev": "lo"},
+        {"dst": "fe80::/64", "dev": "tfgc0"},
+        {"type": "multicast", "dst": "ff00::/8", "dev": "tfgc0"},
+        {"type": "unreachable", "dst": "default"},
+        {"dst": "default", "gateway": "10.201.3.254", "dev": "tfgc0"},
+        {"dst": "10.200.0.0/8", "dev": "tfgc0"},
+        {"dst": "10.202.0.0/16", "gateway": "192.0.2.1", "dev": "tfgc0"},
+        {"dst": "10.203.0.0/16", "nexthops": [{"gateway": "10.203.0.1"},
+                                              {"gateway": "192.0.2.1"}]},
+    ]
+    assert isolation._route_ways_out(routes, " (in namespace x, linked to this one)") == [
+        "a default route via 10.201.3.254 dev tfgc0 (in namespace x, linked to this one)",
+        "a route to 10.200.0.0/8 dev tfgc0 (in namespace x, linked to this one)",
+        "a route to 10.202.0.0/16 via 192.0.2.1 dev tfgc0 (in namespace x, linked to this one)",
+        "a route to 10.203.0.0/16 via 10.203.0.1 via 192.0.2.1 (in namespace x, linked to "
+        "this one)",
+    ]
+
+
+def test_bandwidth_emulation_draws_its_subnets_from_the_private_range():
+    from tfgc.cluster import netem
+
+    first, last = isolation.EMULATION_RANGE
+    for _ in range(20):
+        subnet = netem._free_subnet()
+        assert first <= subnet.network_address and subnet.broadcast_address <= last, subnet
+
+
+# In a namespace of its own (and a mount namespace whose /run/netns is its own, so the
+# namespaces it names are seen by nothing else), the chief of an emulated network:
+# tfgc's links keep it private; a way out added anywhere in what it reaches does not.
+EMULATED_SCRIPT = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    from tfgc.cluster import isolation, netem
+
+    def run(*cmd):
+        subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+    def in_task(net, task):
+        out = subprocess.run(
+            [*net.exec_prefix(task), sys.executable, "-c", sys.argv[1]],
+            capture_output=True, text=True, timeout=60, check=True).stdout
+        return json.loads(out)
+
+    report = {"alone": isolation.ways_out()}
+    net = netem.EmulatedNetwork("10gbit", [("ps", 0), ("worker", 0)])
+    try:
+        net.setup()
+        report["links"] = isolation.interfaces()
+        report["chief"] = isolation.ways_out()
+        # This namespace has no name: a task cannot read what lies behind the hub's
+        # link to it, so to a task it is a way out...
+        report["task"] = in_task(net, ("ps", 0))
+        # ...until it has one.
+        run("ip", "netns", "attach", "chief-of-test", str(os.getpid()))
+        report["task_named_chief"] = in_task(net, ("ps", 0))
+        run("ip", "netns", "delete", "chief-of-test")
+
+        run("ip", "route", "add", "default", "dev", net.root_link)
+        report["default_route"] = isolation.ways_out()
+        run("ip", "route", "del", "default", "dev", net.root_link)
+
+        run("ip", "-n", net.namespaces[("worker", 0)], "addr", "add", "198.51.100.9/24",
+            "dev", "eth0")
+        report["public_address_in_a_task"] = isolation.ways_out()
+        run("ip", "-n", net.namespaces[("worker", 0)], "addr", "del", "198.51.100.9/24",
+            "dev", "eth0")
+
+        # A tap device in the hub: whatever program holds it forwards frames anywhere.
+        run("sh", "-c", f"ip -n {net.hub} tuntap add dev uplink0 mode tap || "
+                        f"ip -n {net.hub} link add uplink0 type vxlan id 42 dstport 4789")
+        report["uplink_in_the_hub"] = isolation.ways_out()
+        report["hub"] = net.hub
+        report["root_link"] = net.root_link
+        report["task_namespace"] = net.namespaces[("worker", 0)]
+    finally:
+        net.teardown()
+    print("REPORT " + json.dumps(report), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_namespaces_tfgc_makes_are_private_until_something_leads_out(tmp_path):
+    from tfgc.cluster import netem
+
+    reason = netem.emulation_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    script = tmp_path / "emulated.py"
+    script.write_text(EMULATED_SCRIPT)
+    task_check = "import json; from tfgc.cluster import isolation; " \
+                 "print(json.dumps(isolation.ways_out()))"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(
+        filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(
+        ["unshare", "--net", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs tfgc-test /run && ip link set lo up && exec "$@"', "sh",
+         sys.executable, str(script), task_check],
+        capture_output=True, text=True, timeout=180, env=env, cwd=repo)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.split("REPORT ", 1)[1])
+    hub, task_ns = report["hub"], report["task_namespace"]
+    assert report["alone"] == []
+    assert report["links"] == sorted(["lo", report["root_link"]])
+    assert report["chief"] == []  # lo, a veth into the hub, and what lies behind it
+    assert report["task"] == [f"chief (in namespace {hub}, linked to this one): a veth "
+                              "into a namespace with no name in /run/netns, which `ip -n` "
+                              "cannot read"]
+    assert report["task_named_chief"] == []
+    assert report["default_route"] == [f"a default route dev {report['root_link']}"]
+    assert report["public_address_in_a_task"] == [
+        f"address 198.51.100.9/24 on eth0 (in namespace {task_ns}, linked to this one)",
+        f"a route to 198.51.100.0/24 dev eth0 (in namespace {task_ns}, linked to this one)",
+        f"a route to 198.51.100.9 dev eth0 (in namespace {task_ns}, linked to this one)",
+        f"a route to 198.51.100.255 dev eth0 (in namespace {task_ns}, linked to this one)",
+    ]
+    assert len(report["uplink_in_the_hub"]) == 1
+    assert report["uplink_in_the_hub"][0].startswith(
+        f"uplink0 (in namespace {hub}, linked to this one): a ")

@@ -8,7 +8,7 @@ network interface, a local cluster is open to every host that can route to it.
 
 So every cluster tfgc starts is private by default: `LocalCluster.start()` refuses,
 with an `ExposedClusterError` that says what to do, when its process's network
-namespace has an interface besides loopback (and the links bandwidth emulation makes).
+namespace can reach anything beyond the namespaces tfgc makes (`ways_out`).
 tfgc's launchers (`python -m tfgc.cluster`, `models.train`, `make demo`, the cluster
 benchmarks and `make test` through `python -m tfgc.cluster.private`) first move their
 process into a network namespace of its own whose only interface is loopback; a
@@ -17,6 +17,24 @@ The coordinator, the servers and the worker scripts they start inherit the names
 and talk over 127.0.0.1 as before; no other host, and no process outside the
 namespace, can connect to them. The namespace is made with unshare(2): CLONE_NEWNET as
 root, or inside a new unprivileged user namespace where the kernel allows one.
+
+What counts as private is judged by what the namespace can reach, read from the kernel
+with `ip -j` (iproute2), never by interface names (anyone can name a link "tfgc0"):
+
+- its links are loopback and veths whose peer lies in another namespace; every
+  namespace reached that way is judged alike, and may also hold bridges and veth pairs
+  with both ends inside it (the hub of bandwidth emulation and its delay line). Any
+  other link (a NIC, a bridge or dummy here, tun, macvlan, a veth pair whose both ends
+  are here, ...) is a way out. A namespace behind a veth must be one `ip -n NAME`
+  reads (named in /run/netns); one without a name is a way out, unless it is the
+  namespace the walk came from (a task namespace of an emulated network whose chief
+  runs in an unnamed namespace is therefore not private);
+- every address is loopback, IPv6 link-local, or in the range bandwidth emulation
+  draws its subnets from (`EMULATION_RANGE`);
+- every route leads to such addresses: no default route, no route or gateway outside
+  them (blackhole, unreachable and prohibit routes lead nowhere and are fine).
+
+Without `ip`, only a namespace whose one interface is loopback is private.
 
 Opting out is explicit and still warns loudly: `LocalCluster(..., network="exposed")`
 for one cluster, or `TFGC_NETWORK_ISOLATION=0` in the environment for every cluster
@@ -32,6 +50,8 @@ network, and could only be done by starting the program again behind its back.
 """
 import ctypes
 import fcntl
+import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -47,8 +67,16 @@ SWITCH = "TFGC_NETWORK_ISOLATION"
 # `LocalCluster(network=...)`: refuse to start outside a private namespace, or allow it.
 PRIVATE, EXPOSED = "private", "exposed"
 NETWORKS = (PRIVATE, EXPOSED)
-# Links that bandwidth emulation adds to the namespace that holds the chief.
-_EMULATION_LINK_PREFIX = "tfgc"
+# Where bandwidth emulation (`netem._free_subnet`) draws its /24s from: 10.200-254.x.0.
+EMULATION_RANGE = (ipaddress.ip_address("10.200.0.0"), ipaddress.ip_address("10.254.255.255"))
+# Addresses that lead nowhere beyond the links they sit on.
+_LOCAL_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "127.0.0.0/8", "::1/128", "fe80::/10", "224.0.0.0/4", "ff00::/8"))
+# Routes of these types deliver nothing anywhere.
+_DEAD_END_ROUTES = ("blackhole", "unreachable", "prohibit", "throw")
+# The most namespaces `ways_out` walks through before it calls the rest a way out.
+_MAX_NAMESPACES = 256
+_IP_TIMEOUT_S = 10
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -74,11 +102,155 @@ def interfaces():
 
 
 def in_private_network():
-    """True when this process's network namespace has no way out: only loopback (and
-    the links bandwidth emulation made, which lead only to its own namespaces)."""
+    """True when this process's network namespace has no way out (`ways_out`): only
+    loopback, or veths into namespaces that are private alike (bandwidth emulation's)."""
     if not sys.platform.startswith("linux"):
         return False
-    return all(n == "lo" or n.startswith(_EMULATION_LINK_PREFIX) for n in interfaces())
+    return not ways_out()
+
+
+def _ip(args, netns=None):
+    """`ip -j ARGS` (in namespace `netns`), parsed. Raises OSError, ValueError or
+    subprocess.SubprocessError when it cannot be read."""
+    cmd = ["ip", *(["-n", netns] if netns else []), "-j", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
+    if done.returncode != 0:
+        raise OSError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")
+    return json.loads(done.stdout) if done.stdout.strip() else []
+
+
+def _is_local(network):
+    """True when every address of `network` is loopback, link-local, multicast or in
+    `EMULATION_RANGE`."""
+    if any(network.version == n.version and network.subnet_of(n) for n in _LOCAL_NETWORKS):
+        return True
+    first, last = EMULATION_RANGE
+    return (network.version == 4 and first <= network.network_address
+            and network.broadcast_address <= last)
+
+
+def _address_ways_out(addresses, where):
+    reasons = []
+    for link in addresses:
+        for info in link.get("addr_info", []):
+            text = f"{info.get('local')}/{info.get('prefixlen')}"
+            try:
+                local = _is_local(ipaddress.ip_network(info.get("local")))
+            except ValueError:
+                local = False
+            if not local:
+                reasons.append(f"address {text} on {link.get('ifname')}{where}")
+    return reasons
+
+
+def _route_ways_out(routes, where):
+    reasons = []
+    for route in routes:
+        if route.get("type") in _DEAD_END_ROUTES:
+            continue
+        dst = route.get("dst", "?")
+        hops = [route.get("gateway")] + [h.get("gateway") for h in route.get("nexthops", [])]
+        text = " ".join(filter(None, [
+            "a default route" if dst == "default" else f"a route to {dst}",
+            *(f"via {h}" for h in hops if h), route.get("dev") and f"dev {route['dev']}"]))
+        try:
+            local = dst != "default" and _is_local(ipaddress.ip_network(dst, strict=False))
+            local = local and all(_is_local(ipaddress.ip_network(h)) for h in hops if h)
+        except ValueError:
+            local = False
+        if not local:
+            reasons.append(f"{text}{where}")
+    return reasons
+
+
+def _netns_inode(name):
+    """The inode that identifies namespace `name` (/run/netns/NAME), or None."""
+    try:
+        return os.stat(os.path.join("/run/netns", name)).st_ino
+    except (OSError, ValueError):
+        return None
+
+
+def ways_out():
+    """Why this process's network namespace is not private: what it can reach.
+
+    Walks from this namespace through the peers of its veths to every namespace linked
+    to it, reading each one's links, addresses and routes with `ip -j` (see the module
+    docstring for the rules). Judged by link kinds, addresses and routes, never by
+    interface names.
+
+    Returns:
+      A list of sentences, one per way out ("eth0: a link of kind device ..."); empty
+      when the namespace is private.
+    """
+    if not sys.platform.startswith("linux"):
+        return ["this platform has no network namespaces"]
+    if shutil.which("ip") is None:
+        return [f"{name}: a link besides loopback (without `ip`, iproute2, where it leads "
+                "cannot be read)" for name in interfaces() if name != "lo"]
+    try:
+        start = os.stat("/proc/self/ns/net").st_ino
+    except OSError as error:
+        return [f"this process's network namespace cannot be read ({error})"]
+    names = {start: None}  # inode -> the namespace's name (None: this one)
+    queue = [start]
+    veths = {}  # (inode, ifindex) -> (peer inode, peer ifindex) of veths between namespaces
+    unnamed = []  # (inode, link, where) of veths whose peer namespace has no name
+    reasons = []
+    while queue:
+        inode = queue.pop(0)
+        name = names[inode]
+        where = "" if name is None else f" (in namespace {name}, linked to this one)"
+        try:
+            links = _ip(["-d", "link", "show"], name)
+            addresses = _ip(["addr", "show"], name)
+            routes = _ip(["route", "show", "table", "all"], name)  # IPv4 and IPv6
+            ids = {}
+            if any("link_netnsid" in link for link in links):
+                ids = {entry.get("nsid"): entry.get("name")
+                       for entry in _ip(["netns", "list-id"], name)}
+        except (OSError, ValueError, subprocess.SubprocessError) as error:
+            reasons.append(f"namespace {name or '(this one)'} cannot be read: {error}")
+            continue
+        for link in links:
+            ifname = link.get("ifname", "?")
+            kind = (link.get("linkinfo") or {}).get("info_kind")
+            if link.get("link_type") == "loopback" and kind is None:
+                continue
+            if kind == "veth" and "link_netnsid" in link:
+                peer_name = ids.get(link["link_netnsid"])
+                peer = None if peer_name is None else _netns_inode(peer_name)
+                if peer is None:
+                    unnamed.append((inode, link, where))
+                    continue
+                veths[(inode, link.get("ifindex"))] = (peer, link.get("link_index"))
+                if peer not in names:
+                    if len(names) >= _MAX_NAMESPACES:
+                        reasons.append(f"more than {_MAX_NAMESPACES} namespaces are "
+                                       "linked to this one")
+                        return reasons
+                    names[peer] = peer_name
+                    queue.append(peer)
+                continue
+            if name is not None and kind in ("bridge", "veth"):
+                continue  # a hub's bridge, or a veth pair with both ends in the hub
+            if kind == "veth":
+                what = f"a veth pair whose other end ({link.get('link')}) is here too"
+            else:
+                what = (f"a link of kind {kind or 'device'} ({link.get('link_type')}), "
+                        "not a veth into another namespace")
+            reasons.append(f"{ifname}{where}: {what}")
+        reasons += _address_ways_out(addresses, where)
+        reasons += _route_ways_out(routes, where)
+    for inode, link, where in unnamed:
+        # The veth the walk came in through leads back to where it came from.
+        back = (inode, link.get("ifindex"))
+        if any(peer == back and here[1] == link.get("link_index")
+               for here, peer in veths.items()):
+            continue
+        reasons.append(f"{link.get('ifname')}{where}: a veth into a namespace with no "
+                       "name in /run/netns, which `ip -n` cannot read")
+    return reasons
 
 
 def in_user_namespace():
@@ -202,9 +374,11 @@ def _cannot_isolate(reason):
 
 def refusal_message():
     """What `ExposedClusterError` says here: why a cluster may not start, and what to do."""
-    others = [n for n in interfaces() if n != "lo" and not n.startswith(_EMULATION_LINK_PREFIX)]
-    if others:
-        where = f"has interfaces besides loopback ({', '.join(others)})"
+    reasons = ways_out()
+    if len(reasons) > 8:
+        reasons = reasons[:8] + [f"{len(reasons) - 8} more"]
+    if reasons:
+        where = f"can reach beyond itself ({'; '.join(reasons)})"
     else:
         where = "is not known to be private on this platform"
     opt_out = (
@@ -287,7 +461,8 @@ def isolate():
     if in_private_network():
         return True
     if restarted:
-        _cannot_isolate("the namespace made for it has other interfaces")
+        _cannot_isolate("the namespace made for it can reach beyond itself: "
+                        + "; ".join(ways_out()))
         return False
     if disabled():
         warn_exposed(f"{SWITCH}=0")
