@@ -202,3 +202,27 @@ def test_the_hooks_for_the_optimizers_read_what_keras_holds():
     assert _compat.keras3_variable_index(sgd, ksecond) == 1
     assert _compat.keras3_num_variables(sgd) == 2
     assert _compat.keras3_iterations_variable(sgd) is sgd.iterations  # no accumulation
+
+
+def test_a_synchronous_executor_leaves_no_wrapper_of_the_threads_executor(monkeypatch):
+    # A Python Executor waits on its executor when collected: a wrapper of the thread's
+    # (asynchronous, under ParameterServerStrategy) executor would raise at exit once
+    # the cluster's servers are gone. Only the synchronous executor itself is made.
+    from tensorflow.python.eager import executor
+
+    made = []
+
+    class Counted(executor.Executor):
+        def __init__(self, handle):
+            made.append(handle)
+            super().__init__(handle)
+
+    monkeypatch.setattr(executor, "Executor", Counted)
+    before = tf.constant(1.0) + 1.0
+    with _compat.synchronous_executor():
+        inside = tf.constant(2.0) * 3.0
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tf.debugging.check_numerics(tf.constant(float("nan")), "raised here")
+    after = tf.constant(3.0) - 1.0
+    assert len(made) == 1
+    assert (float(before), float(inside), float(after)) == (2.0, 6.0, 2.0)

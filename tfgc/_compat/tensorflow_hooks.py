@@ -163,12 +163,17 @@ def _probe_eager_context():
 
 
 @_hook("synchronous_executor", "tensorflow",
-       "tensorflow.python.eager.executor.new_executor and context.executor_scope")
+       "tensorflow.python.eager.executor.new_executor and pywrap_tfe's "
+       "TFE_ContextGet/SetExecutorForThread")
 def _probe_synchronous_executor():
     executor = _module("tensorflow.python.eager.executor")
     _method(executor.Executor, "clear_error")
+    _method(executor.Executor, "handle")
+    pywrap_tfe = _module("tensorflow.python.pywrap_tfe")
     context = _module("tensorflow.python.eager.context")
-    return executor.new_executor, context.executor_scope
+    _method(context.Context, "ensure_initialized")
+    return (executor.new_executor, pywrap_tfe.TFE_ContextGetExecutorForThread,
+            pywrap_tfe.TFE_ContextSetExecutorForThread, context.context)
 
 
 @_hook("ps_num_workers", "tensorflow",
@@ -256,15 +261,27 @@ def synchronous_executor():
     (ParameterServerStrategy: asynchronous) executor to fail the thread's next ops, and
     the executor forgets it at the end (it would raise it again when collected).
 
+    The thread's executor is swapped by its raw handle, not through
+    `context.executor_scope`: that wraps the thread's executor in a Python `Executor`
+    whose collection waits on it, and at exit, with the cluster's servers gone, that
+    wait raises (one "Exception ignored" traceback per destroyed variable).
+
     Relies on `tensorflow.python.eager.executor.new_executor` (and its executors'
-    `clear_error`) and `tensorflow.python.eager.context.executor_scope`.
+    `clear_error` and `handle`), and pywrap_tfe's `TFE_ContextGetExecutorForThread` and
+    `TFE_ContextSetExecutorForThread`.
     """
-    new_executor, executor_scope = _resolved["synchronous_executor"]
+    new_executor, get_for_thread, set_for_thread, eager_context = _resolved[
+        "synchronous_executor"]
+    context = eager_context()
+    context.ensure_initialized()
+    handle = context._context_handle  # noqa: SLF001 (what Context.executor passes)
+    previous = get_for_thread(handle)
     executor = new_executor(enable_async=False)
+    set_for_thread(handle, executor.handle())
     try:
-        with executor_scope(executor):
-            yield
+        yield
     finally:
+        set_for_thread(handle, previous)
         executor.clear_error()
 
 
