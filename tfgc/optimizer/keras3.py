@@ -79,9 +79,9 @@ class _Keras3Mixin(CompressingBase):
     def get_config(self):
         config = self._compression_config(super().get_config())
         # Keras 3 imports no module outside Keras to find a saved class: its error in a
-        # process without tfgc prints the config, and so this note.
-        config[_LOADING_NOTE] = "import tfgc before keras.saving.load_model"
-        return config
+        # process without tfgc prints the config, this note first, in the error's one
+        # line and before the rest of the config.
+        return {_LOADING_NOTE: "import tfgc before keras.saving.load_model", **config}
 
     def _variable_index(self, variable):
         try:
