@@ -63,6 +63,150 @@ MALFORMED = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """main() takes the stop signals for its process: give them back to pytest."""
+    saved = {signum: signal.getsignal(signum) for signum in server.STOP_SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def _with_address(address, job="ps"):
+    return _tf_config(cluster={**CLUSTER, job: [address]}, task=(job, 0))
+
+
+def _nested(depth, opener="[", closer="]", inner="1"):
+    return opener * depth + inner + closer * depth
+
+
+def malformed_tf_configs():
+    """{name: TF_CONFIG text (None: unset)}: every way a TF_CONFIG can be wrong that
+    tfgc-server must refuse with exit code 2 and one line."""
+    cases = {
+        "unset": None, "empty": "", "blank": "   ", "newline": "\n",
+        "not_json": "not json", "unclosed_object": '{"cluster": {ps: []}',
+        "single_quotes": "{'cluster': {}, 'task': {}}", "trailing_comma": '{"cluster": {},}',
+        "only_bracket": "[", "bom_and_garbage": "\ufeff{", "number_then_garbage": "1 2",
+        "array": "[1, 2]", "number": "1", "string": '"ps"', "null": "null", "true": "true",
+        "nan": "NaN",
+        "nested_arrays_1000": _nested(1000), "nested_arrays_10000": _nested(10000),
+        "nested_objects_10000": _nested(10000, '{"a": ', "}"),
+        "nested_inside_cluster_5000": json.dumps({"task": {"type": "ps", "index": 0}})[:-1]
+        + ', "cluster": {"ps": ' + _nested(5000) + "}}",
+        "index_of_5000_digits": '{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", '
+                                '"index": 1' + "0" * 5000 + "}}",
+        "no_cluster": json.dumps({"task": {"type": "ps", "index": 0}}),
+        "no_task": json.dumps({"cluster": CLUSTER}),
+        "task_empty": json.dumps({"cluster": CLUSTER, "task": {}}),
+        "task_without_type": json.dumps({"cluster": CLUSTER, "task": {"index": 0}}),
+        "task_without_index": json.dumps({"cluster": CLUSTER, "task": {"type": "ps"}}),
+        "task_is_a_list": json.dumps({"cluster": CLUSTER, "task": ["ps", 0]}),
+        "task_is_a_string": json.dumps({"cluster": CLUSTER, "task": "ps:0"}),
+        "cluster_is_a_list": _tf_config(cluster=[["a:1"]]),
+        "cluster_is_a_string": _tf_config(cluster="a:1"),
+        "cluster_is_null": json.dumps({"cluster": None, "task": {"type": "ps", "index": 0}}),
+        "cluster_is_empty": _tf_config(cluster={}),
+        "job_is_a_string": _tf_config(cluster={**CLUSTER, "ps": "10.0.0.2:2222"}),
+        "job_is_empty": _tf_config(cluster={**CLUSTER, "ps": []}),
+        "job_is_an_object": _tf_config(cluster={**CLUSTER, "ps": {"0": "10.0.0.2:2222"}}),
+        "address_is_a_number": _with_address(2222),
+        "address_is_null": _with_address(None),
+        "address_is_a_list": _with_address(["10.0.0.2", 2222]),
+        "type_is_a_number": _tf_config(task=(0, 0)),
+        "type_is_null": _tf_config(task=(None, 0)),
+        "type_is_empty": _tf_config(task=("", 0)),
+        "type_is_a_list": _tf_config(task=(["ps"], 0)),
+        "type_not_in_cluster": _tf_config(task=("server", 0)),
+        "type_in_capitals": _tf_config(task=("PS", 0)),
+        "type_with_a_space": _tf_config(task=("ps ", 0)),
+        "type_with_a_newline": _tf_config(task=("ps\n", 0)),
+        "chief": _tf_config(task=("chief", 0)),
+        "evaluator": _tf_config(task=("evaluator", 0)),
+        "index_is_a_string": _tf_config(task=("worker", "1")),
+        "index_is_a_float": _tf_config(task=("ps", 0.0)),
+        "index_is_a_bool": _tf_config(task=("ps", True)),
+        "index_is_null": _tf_config(task=("ps", None)),
+        "index_is_a_list": _tf_config(task=("ps", [0])),
+        "index_is_negative": _tf_config(task=("ps", -1)),
+        "index_out_of_range": _tf_config(task=("worker", 2)),
+        "index_huge": _tf_config(task=("ps", 10 ** 20)),
+        "index_infinite": '{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 1e400}}',
+        "port_zero": _with_address("10.0.0.2:0"),
+        "port_negative": _with_address("10.0.0.2:-1"),
+        "port_65536": _with_address("10.0.0.2:65536"),
+        "port_70000": _with_address("10.0.0.2:70000"),
+        "port_huge": _with_address("10.0.0.2:99999999999999999999"),
+        "port_of_5000_digits": _with_address("10.0.0.2:" + "9" * 5000),
+        "port_empty": _with_address("10.0.0.2:"),
+        "port_superscript_digits": _with_address("10.0.0.2:\u00b2\u00b222"),
+        "port_full_width_digits": _with_address("10.0.0.2:\uff12\uff12\uff12\uff12"),
+        "port_arabic_indic_digits": _with_address("10.0.0.2:\u0662\u0662\u0662\u0662"),
+        "port_with_a_space_inside": _with_address("10.0.0.2:22 22"),
+        "port_with_a_leading_space": _with_address("10.0.0.2: 2222"),
+        "port_with_a_trailing_newline": _with_address("10.0.0.2:2222\n"),
+        "port_with_a_sign": _with_address("10.0.0.2:+2222"),
+        "port_in_hex": _with_address("10.0.0.2:0x8ae"),
+        "port_with_a_fraction": _with_address("10.0.0.2:22.5"),
+        "host_with_a_trailing_newline": _with_address("localhost\n:2222"),
+        "host_with_a_space": _with_address("local host:2222"),
+        "host_with_a_tab": _with_address("\tlocalhost:2222"),
+        "host_with_a_nul": _with_address("local\x00host:2222"),
+        "host_with_an_escape": _with_address("local\x1bhost:2222"),
+        "host_not_ascii": _with_address("w\u00f6rker.local:2222"),
+        "host_leading_hyphen": _with_address("-ps:2222"),
+        "host_trailing_hyphen": _with_address("ps-:2222"),
+        "host_empty_label": _with_address("a..b:2222"),
+        "host_too_long": _with_address("a" * 300 + ":2222"),
+        "host_with_a_slash": _with_address("ps/0:2222"),
+        "no_host": _with_address(":2222"),
+        "no_port": _with_address("10.0.0.2"),
+        "wildcard_address": _with_address("0.0.0.0:2222"),
+        "ipv6_wildcard_address": _with_address("[::]:2222"),
+        "ipv6_without_brackets": _with_address("::1:2222"),
+        "ipv6_unclosed_bracket": _with_address("[::1:2222"),
+        "ipv6_zone_with_a_space": _with_address("[fe80::1%eth 0]:2222"),
+        "address_with_scheme": _with_address("grpc://10.0.0.2:2222"),
+        "shared_address": _with_address("10.0.0.3:2222"),
+        "job_name_with_a_space_and_bang": _tf_config(cluster={**CLUSTER, "bad job!": ["h:1"]}),
+        "job_name_not_ascii": _tf_config(cluster={**CLUSTER, "w\u00f6rker": ["h:1"]}),
+        "job_name_starting_with_a_digit": _tf_config(cluster={**CLUSTER, "1ps": ["h:1"]}),
+        "job_name_starting_with_underscore": _tf_config(cluster={**CLUSTER, "_ps": ["h:1"]}),
+        "job_name_with_a_hyphen": _tf_config(cluster={**CLUSTER, "work-er": ["h:1"]}),
+        "job_name_empty": _tf_config(cluster={**CLUSTER, "": ["h:1"]}),
+        "job_name_with_a_newline": _tf_config(cluster={**CLUSTER, "ps\nx": ["h:1"]}),
+        "all_reduce_cluster": _tf_config(cluster={"worker": ["a:1", "b:1"]}, task=("worker", 0)),
+        "other_rpc_layer": _tf_config(rpc_layer="grpc+verbs"),
+        "rpc_layer_null": _tf_config(rpc_layer=None),
+        "rpc_layer_a_number": _tf_config(rpc_layer=5),
+    }
+    return cases
+
+
+MALFORMED_TF_CONFIGS = malformed_tf_configs()
+
+
+def test_there_are_many_ways_a_tf_config_is_malformed():
+    assert len(MALFORMED_TF_CONFIGS) >= 75, len(MALFORMED_TF_CONFIGS)
+    # Every case is a valid configuration but for the one thing it breaks.
+    assert server.parse_tf_config(_tf_config()) == (CLUSTER, "ps", 0)
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_TF_CONFIGS))
+def test_every_malformed_tf_config_is_refused_in_one_line(name, capsys, monkeypatch):
+    text = MALFORMED_TF_CONFIGS[name]
+    monkeypatch.setattr(server, "serve", lambda *a, **k: pytest.fail("serve() was reached"))
+    with pytest.raises(server.ConfigError):
+        server.read_task([], {} if text is None else {"TF_CONFIG": text})
+    assert server.main([], environ={} if text is None else {"TF_CONFIG": text}) \
+        == server.EXIT_BAD_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("tfgc-server: refusing to start: "), err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert err[:-1].isprintable(), err
+    assert len(err) < 1000, err
+
+
 @pytest.mark.parametrize("name", sorted(MALFORMED))
 def test_malformed_tf_config_is_refused_with_one_line(name, capsys, monkeypatch):
     text, expected = MALFORMED[name]
@@ -97,23 +241,135 @@ def test_valid_configurations_are_accepted():
     assert server.parse_flags(json.dumps(CLUSTER), "worker", 1) == (CLUSTER, "worker", 1)
 
 
+# The malformed configurations the real command is started with (each before TensorFlow).
+COMMAND_CASES = ["unset", "unclosed_object", "chief", "nested_arrays_10000",
+                 "nested_objects_10000", "port_superscript_digits", "port_full_width_digits",
+                 "port_arabic_indic_digits", "host_with_a_trailing_newline",
+                 "job_name_with_a_space_and_bang", "job_name_not_ascii"]
+
+
+def _commands():
+    """The ways in: the console script (where installed) and `python -m tfgc.server`."""
+    console = os.path.join(os.path.dirname(sys.executable), "tfgc-server")
+    return ([[console]] if os.access(console, os.X_OK) else []) + \
+        [[sys.executable, "-m", "tfgc.server"]]
+
+
 @pytest.mark.slow
-def test_command_refuses_with_exit_code_2_and_no_traceback():
-    # The real entry point, as a process: a few cases at once (each pays for importing
-    # TensorFlow, which `python -m tfgc.server` does before main() runs).
-    cases = ["not_json", "chief"]
-    procs = {}
-    for name in cases:
-        env = _env(TF_CONFIG=MALFORMED[name][0])
-        procs[name] = subprocess.Popen([sys.executable, "-m", "tfgc.server"], env=env,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)
+def test_the_command_refuses_before_tensorflow_loads_in_one_line(tmp_path):
+    # A tensorflow package that says so when imported: a case that got that far fails.
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text(
+        "import sys\nsys.stderr.write('TensorFlow was imported\\n')\nsys.exit(99)\n")
+    path = os.pathsep.join([str(fake), REPO])
+    started = time.monotonic()
+    for command in _commands():
+        for name in COMMAND_CASES:
+            env = _env(PYTHONPATH=path)
+            env.pop("TF_CPP_MIN_LOG_LEVEL")
+            if MALFORMED_TF_CONFIGS[name] is not None:
+                env["TF_CONFIG"] = MALFORMED_TF_CONFIGS[name]
+            done = subprocess.run(command, env=env, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 2, (command, name, done.stderr)
+            assert done.stderr.startswith("tfgc-server: refusing to start: "), (name, done)
+            assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done
+        # The fake is in the way of a valid configuration: it does reach TensorFlow.
+        done = subprocess.run(command, env=_env(PYTHONPATH=path, TF_CONFIG=_tf_config()),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 99 and "TensorFlow was imported" in done.stderr, done
+    assert time.monotonic() - started < 60
+
+
+def _caught(pid, signum):
+    """Whether process `pid` has a handler for `signum` (SigCgt of /proc/PID/status)."""
     try:
-        for name, proc in procs.items():
-            _, err = proc.communicate(timeout=120)
-            assert proc.returncode == 2, err
-            assert "Traceback" not in err, err
-            assert "refusing to start: " in err and MALFORMED[name][1] in err, err
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _tensorflow_loaded(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtensorflow" in f.read()
+    except OSError:
+        return False
+
+
+def _in_own_network(command):
+    """`command` in a network namespace this test makes (loopback up), where its
+    server's wildcard listening socket reaches nothing; it keeps the pid."""
+    if isolation.unavailable() is not None:
+        pytest.skip(f"needs a network namespace of its own: {isolation.unavailable()}")
+    return [*isolation.unshare_command(), "sh", "-c",
+            'ip link set lo up 2>/dev/null; exec "$@"', "sh", *command]
+
+
+def _one_task_config():
+    return json.dumps({"cluster": {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+                       "task": {"type": "ps", "index": 0}})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_each_stop_signal_ends_it_with_its_line_and_exit_code(tmp_path):
+    command = _commands()[0]
+    env = _env(TF_CONFIG=_one_task_config())
+    env.pop("TF_CPP_MIN_LOG_LEVEL")  # quiet by default
+
+    # Early: as soon as its handlers are in place, while TensorFlow loads.
+    for sig in server.STOP_SIGNALS:
+        log = tmp_path / f"early-{sig.name}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(_in_own_network(command), env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not _caught(proc.pid, signal.SIGTERM) and proc.poll() is None:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.005)
+            assert not _tensorflow_loaded(proc.pid)
+            proc.send_signal(sig)
+            code = proc.wait(timeout=30)
+        finally:
+            _stop(proc)
+        text = log.read_text()
+        assert code == server.exit_code(sig), (sig, code, text)
+        assert text.count("\n") == 1, text
+        assert f"{sig.name} received while starting; exiting with code {code}" in text, text
+
+    # Serving: one server per signal, and one that shows TensorFlow's log (level 0).
+    procs, logs = {}, {}
+    runs = [(sig, env) for sig in server.STOP_SIGNALS]
+    runs.append((signal.SIGTERM, {**env, "TF_CPP_MIN_LOG_LEVEL": "0"}))
+    try:
+        for k, (sig, run_env) in enumerate(runs):
+            logs[k] = tmp_path / f"serving-{k}.log"
+            with open(logs[k], "w") as out:
+                procs[k] = subprocess.Popen(_in_own_network(command), env=run_env,
+                                            stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        for k, (sig, _) in enumerate(runs):
+            _wait_for_line(procs[k], logs[k], "serving /job:ps/task:0", timeout_s=120)
+            procs[k].send_signal(sig)
+        for k, (sig, run_env) in enumerate(runs):
+            code = procs[k].wait(timeout=30)
+            text = logs[k].read_text()
+            assert code == server.exit_code(sig), (sig, code, text)
+            assert f"{sig.name} received; stopping /job:ps/task:0 (exit code {code})" \
+                in text, text
+            assert "Traceback" not in text, text
+            lines = text.splitlines()
+            if run_env.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+                assert any(line.startswith("I0000") for line in lines), text
+            else:  # nothing of TensorFlow's: its start-up lines are quiet by default
+                assert len(lines) == 2 and "serving /job:ps/task:0" in lines[0], text
     finally:
         for proc in procs.values():
             _stop(proc)

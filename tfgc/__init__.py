@@ -3,6 +3,9 @@
 Importing tfgc loads its op library (tfgc_ops), so any process that imports it, a
 parameter server included, can run the decode ops.
 """
+# First: in a `tfgc-server` process this takes its signals, checks its configuration and
+# quiets TensorFlow's start-up log before TensorFlow loads; elsewhere it does nothing.
+from tfgc import server as _server  # noqa: F401
 import tfgc_ops  # noqa: F401  (loads the op library)
 from tfgc import codecs
 from tfgc._version import __version__ as __version__  # the one version source

@@ -3,7 +3,8 @@
 Started by `tfgc.cluster.LocalCluster`, one process per ps/worker task. It serves as
 `python -m tfgc.server` does (`tfgc.server.serve`: tfgc's ops are registered and
 checked in the server process, e.g. for the decode ops that run on a parameter
-server, then it serves until SIGTERM or SIGINT, exiting 0), plus a watchdog.
+server, then it serves until SIGTERM or SIGINT, exiting 0, or SIGHUP, SIGQUIT or
+SIGUSR1, exiting 128 + the signal's number, each with one line), plus a watchdog.
 
 A watchdog thread ends the process by itself after `--timeout` seconds or as soon as
 the process that started it is gone, so no server outlives a crashed test or demo.
@@ -65,8 +66,8 @@ def main(argv=None):
     cluster = json.loads(args.cluster_spec)
     _log(f"starting /job:{args.job}/task:{args.index} on {cluster[args.job][args.index]}")
     # The same start as `python -m tfgc.server` (tfgc's ops checked, then the server;
-    # exit 0 on SIGTERM), without its security warning: LocalCluster already checked
-    # where its servers listen (`isolation.check_network`).
+    # `server.exit_code` on a stop signal), without its security warning: LocalCluster
+    # already checked where its servers listen (`isolation.check_network`).
     from tfgc import server
 
     try:
