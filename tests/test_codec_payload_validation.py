@@ -44,9 +44,9 @@ def traced_decode(codec, payload, **kwargs):
 
 def test_topk_payload_declaring_a_huge_shape_is_refused_before_allocating():
     payload = {"indices": [0], "values": [1.0], "shape": [2**30]}
-    with pytest.raises(ValueError, match=r"TopK.*\[1073741824\].*max_decoded_elements"):
+    with pytest.raises(ValueError, match=r"TopK.*\[1073741824\].*max_decoded_bytes"):
         C.TopK().decode(payload)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="max_decoded_elements"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_decoded_bytes"):
         traced_decode(C.TopK(), payload)
 
 
@@ -54,9 +54,9 @@ def test_topk_payload_declaring_a_huge_shape_is_refused_before_allocating():
 @pytest.mark.parametrize("shape", [[2**30], [65536, 65536], [2**31 - 1, 2**31 - 1, 4]])
 def test_declared_shape_above_the_bound_is_refused(codec, shape):
     payload = dict(codec.encode(gradient()), shape=tf.constant(shape, tf.int32))
-    with pytest.raises(ValueError, match=rf"{codec.name}.*max_decoded_elements={2**28}"):
+    with pytest.raises(ValueError, match=rf"{codec.name}.*max_decoded_bytes={2**30}"):
         codec.decode(payload)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="max_decoded_elements"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_decoded_bytes"):
         traced_decode(codec, payload)
 
 
@@ -95,6 +95,33 @@ def test_the_bound_is_overridable_and_an_expected_shape_replaces_it(monkeypatch)
         codec.decode(payload)
     codec.max_decoded_elements = 3000
     assert codec.decode(payload).shape == x.shape
+    # The byte bound: 3000 float32 values through 600 quartic bytes take 12600 bytes.
+    monkeypatch.setattr(validation, "MAX_DECODED_BYTES", 12599)
+    with pytest.raises(ValueError, match=r"\(3000 elements\).*12600 bytes.*=12599"):
+        codec.decode(payload)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_decoded_bytes=12599"):
+        traced_decode(codec, payload)
+    assert codec.decode(payload, expected_shape=x.shape).shape == x.shape
+    codec.max_decoded_bytes = 12600
+    assert codec.decode(payload).shape == x.shape
+
+
+def test_the_byte_bound_counts_the_decoded_dtype():
+    # float64 fields make a float64 decoding: twice the bytes of float32.
+    x = gradient()
+    for codec in (C.Int8(), C.OneBit(), C.TopK(0.05), C.Quantize(4), C.RandomK(0.5, seed=0)):
+        wide = codec.encode(tf.cast(x, tf.float64))
+        narrow = codec.encode(x)
+        fields = {key: tf.convert_to_tensor(value) for key, value in wide.items()}
+        per_element = validation.bytes_per_element(codec, fields)
+        assert per_element > validation.bytes_per_element(
+            codec, {key: tf.convert_to_tensor(value) for key, value in narrow.items()})
+        codec.max_decoded_bytes = int(3000 * per_element)
+        assert codec.decode(wide).dtype == tf.float64
+        codec.max_decoded_bytes -= 1
+        with pytest.raises(ValueError, match="max_decoded_bytes"):
+            codec.decode(wide)
+        assert codec.decode(narrow).shape == x.shape
 
 
 @pytest.mark.parametrize("codec", EVERY, ids=repr)
@@ -272,7 +299,7 @@ def test_sparse_payload_dense_shape_is_bounded_and_checked():
     for codec in (C.NoCompression(), C.FastSGD()):
         payload = codec.encode(slices)
         huge = dict(payload, dense_shape=tf.constant([2**20, 2**20], payload["dense_shape"].dtype))
-        with pytest.raises(ValueError, match="max_decoded_elements"):
+        with pytest.raises(ValueError, match="max_decoded_bytes"):
             codec.decode(huge)
         with pytest.raises(ValueError, match=r"expected \[5, 4\]"):
             codec.decode(payload, expected_shape=[5, 4])

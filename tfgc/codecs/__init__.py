@@ -28,7 +28,8 @@ from typing import Any, Mapping
 
 from tfgc.codecs.adaptive import AdaptiveQuantize
 from tfgc.codecs.base import (
-    MAX_DECODED_ELEMENTS, Codec, MalformedPayloadError, StochasticCodec, payload_nbytes,
+    MAX_DECODED_BYTES, MAX_DECODED_ELEMENTS, Codec, MalformedPayloadError, StochasticCodec,
+    payload_nbytes,
 )
 from tfgc.codecs.fastsgd import FastSGD
 from tfgc.codecs.gradiveq import GradiVeQ
@@ -93,5 +94,5 @@ __all__ = [
     "OneBit", "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "AdaptiveQuantize",
     "QSGD", "GradiVeQ", "PowerSGD", "RandomK", "ScaledSign", "Signum",
     "MalformedPayloadError",
-    "MAX_DECODED_ELEMENTS",
+    "MAX_DECODED_BYTES", "MAX_DECODED_ELEMENTS",
 ]

@@ -18,8 +18,9 @@ import tensorflow as tf
 
 from tfgc import server_variables
 from tfgc.codecs.validation import (  # noqa: F401  (codecs reach them as base.<name>)
-    MAX_ELEMENTS, MAX_DECODED_ELEMENTS, MalformedPayloadError, decode_expecting,
-    decoded_element_bound, Field, FLOATING, INDEX_DTYPES, SHAPE, BYTES, FLOAT_SCALAR,
+    MAX_ELEMENTS, MAX_DECODED_BYTES, MAX_DECODED_ELEMENTS, MalformedPayloadError,
+    decode_expecting, decoded_byte_bound, decoded_element_bound, bytes_per_element,
+    extra_bytes, Field, FLOATING, INDEX_DTYPES, SHAPE, BYTES, FLOAT_SCALAR,
     FLOAT_VECTOR, DTYPE_MARKER, check_payload, check_same_dtype, static_dims, checked_shape,
     checked_payload, with_static_shape, check_decoded_field, check_integer, check_real,
     check_floating, check_one_dtype, check_size,
@@ -180,13 +181,29 @@ class Codec(abc.ABC):
     #: codec built on tfgc's C++ ops, which have no XLA kernels.
     compiles_with_xla = False
 
-    #: The most elements `decode` returns when called without `expected_shape`;
-    #: None: the module's `MAX_DECODED_ELEMENTS` (read when decoding).
+    #: The most bytes `decode` allocates (its output and its intermediates) when called
+    #: without `expected_shape`; None: `tfgc.codecs.MAX_DECODED_BYTES` (read when
+    #: decoding). A payload declaring a larger decoding is refused before anything is
+    #: allocated for it.
+    max_decoded_bytes = None
+
+    #: Deprecated (the byte bound, `max_decoded_bytes`, is the limit): a further bound on
+    #: the elements `decode` returns without `expected_shape`; None:
+    #: `tfgc.codecs.MAX_DECODED_ELEMENTS`.
     max_decoded_elements = None
 
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
+        """What `decode` allocates per element of the shape a payload declares, in bytes:
+        its output and every intermediate it makes, for the payload's (checked) `fields`
+        (their dtypes: a float64 decoding takes 8 bytes per element for its output).
+        Without `expected_shape`, the declared element count times this must be at most
+        `max_decoded_bytes`. Default: one float32 per element."""
+        del fields
+        return 4
 
     def combine(self, decodings: Sequence[tf.Tensor]) -> tf.Tensor:
         """What the replicas' decodings of an all-gathered payload add up to (every
@@ -210,7 +227,8 @@ class Codec(abc.ABC):
         Args:
           payload: a flat dict of tensors from `encode` (checked, see the module doc).
           expected_shape: the shape the decoding must have, when the caller knows it
-            (a fully defined shape); None bounds it by `max_decoded_elements` instead.
+            (a fully defined shape); None bounds what the decoding allocates by
+            `max_decoded_bytes` instead.
 
         Raises:
           MalformedPayloadError: the payload is not one this codec decodes to the

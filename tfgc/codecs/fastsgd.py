@@ -87,8 +87,11 @@ class FastSGD(base.Codec):
         kept = tf.abs(tf.where(tf.math.is_finite(v), v, 0.0))
         level = tf.math.ceil(tf.math.log(total / kept) / tf.math.log(tf.constant(self.base, tf.float64)))
         level = tf.maximum(tf.where(tf.math.is_finite(level), level, 1.0), 1.0)
-        # Logarithms round: step up where the rebuilt value would exceed the true one.
-        level += tf.cast(self._magnitudes(total, level) > kept, tf.float64)
+        # Logarithms round: step up where the rebuilt value would exceed the true one
+        # (as the receiver rebuilds it; a level above tau is dropped either way).
+        rebuilt = tf.gather(self._magnitudes(total),
+                            tf.cast(tf.minimum(level, MAX_THRESHOLD + 1), tf.int32))
+        level += tf.cast(rebuilt > kept, tf.float64)
         passed = level <= self.threshold
         positions, level = tf.boolean_mask(positions, passed), tf.boolean_mask(level, passed)
         negative = tf.boolean_mask(v, passed) < 0
@@ -121,15 +124,26 @@ class FastSGD(base.Codec):
         count = tf.size(indices, out_type=tf.int64) * tf.reduce_prod(dense_shape[1:])
         listed = tf.cast(tfgc_ops.unpack_keys(fields["positions"]), tf.int64)
         flag = base.check_size(fields["kept_listed"], 1, self.name, key="kept_listed")
+        # One code per kept value, counted before the complement is made: a payload
+        # whose codes do not match its rows is refused before anything is allocated
+        # for them.
+        listed_count = tf.size(listed, out_type=tf.int64)
+        codes = base.check_size(
+            fields["values"], tf.where(flag[0] > 0, listed_count, count - listed_count),
+            self.name)
+        with tf.control_dependencies([codes]):
+            count = tf.identity(count)
         kept = tf.cond(flag[0] > 0, lambda: listed, lambda: _complement(listed, count))
-        values = self._decoded_values(fields, tf.size(kept))
+        values = self._decoded_values(dict(fields, values=codes), tf.size(kept))
         # scatter_nd rejects a position outside the rows (a malformed payload).
         flat = tf.scatter_nd(kept[:, None], values, tf.reshape(count, [1]))
         rows = tf.reshape(flat, tf.concat([[-1], dense_shape[1:]], 0))
         return tf.IndexedSlices(rows, indices, dense_shape)
 
-    def _magnitudes(self, total, level):
-        """|v| rebuilt from the sum and L, computed the same way on both sides."""
+    def _magnitudes(self, total):
+        """|v| rebuilt from the sum for L = 0 .. MAX_THRESHOLD + 1 (float64): the one
+        table both sides read."""
+        level = tf.range(MAX_THRESHOLD + 2, dtype=tf.float64)
         return total * tf.pow(tf.constant(self.base, tf.float64), -level)
 
     # --- decoding ------------------------------------------------------------------
@@ -145,14 +159,29 @@ class FastSGD(base.Codec):
         dense = tf.scatter_nd(keys[:, None], values, tf.reshape(tf.cast(n, tf.int64), [1]))
         return tf.reshape(dense, dims)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """Dense payloads: the decoding and, per kept value (at most one per element),
+        its key (int64, and its copy as an index), its code as an index (int32) and its
+        value. Rows sent alone (`decode_values`), per element of the rows: the
+        complement of the listed positions (int32 marks, int64 positions and their copy)
+        and the rows, besides the kept values' own."""
+        size = fields["dtype"].dtype.size
+        per_kept = 8 + 8 + 4 + size
+        if "positions" in fields:
+            return 4 + 8 + 8 + size + per_kept
+        return size + per_kept
+
     def _decoded_values(self, payload, count):
         """The `count` values of `payload`'s codes (a payload with other than `count`
-        codes fails)."""
-        codes = base.check_size(tf.cast(payload["values"], tf.int32), count, self.name)
-        level = tf.cast((codes & ~SIGN_BIT) + 1, tf.float64)
-        magnitude = self._magnitudes(tf.cast(payload["sum"], tf.float64), level)
-        values = tf.where(codes & SIGN_BIT > 0, -magnitude, magnitude)
-        return tf.cast(values, payload["dtype"].dtype)
+        codes fails before anything is allocated for them)."""
+        codes = tf.cast(base.check_size(payload["values"], count, self.name), tf.int32)
+        # 256 possible codes: their values are looked up, not computed per value.
+        code = tf.range(256)
+        magnitude = tf.gather(self._magnitudes(tf.cast(payload["sum"], tf.float64)),
+                              (code & ~SIGN_BIT) + 1)
+        table = tf.cast(tf.where(code & SIGN_BIT > 0, -magnitude, magnitude),
+                        payload["dtype"].dtype)
+        return tf.gather(table, codes)
 
 
 _COMMON_FIELDS = {

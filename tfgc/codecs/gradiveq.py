@@ -351,7 +351,8 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
                 raise base.MalformedPayloadError(
                     f"{self.name}: decodes kernels of shape {self.kernel_shape}, expected "
                     f"{expected}")
-        payload = base.check_payload(payload, self.name, self._payload_fields())
+        payload = self._checked_coefficients(
+            base.check_payload(payload, self.name, self._payload_fields()))
         total = self._reconstruct(payload)
         votes = payload.get("votes")
         votes = tf.reduce_sum(votes) if votes is not None else tf.constant(0.0)
@@ -371,6 +372,29 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
             advanced = self._schedule_lock.execute(advance, exclusive_resource_access=False)
         with tf.control_dependencies([advanced]):
             return tf.identity(total)
+
+    def _checked_coefficients(self, payload):
+        """`payload` once a compressed one is checked to carry S * d coefficients, d the
+        current dimension (fewer or more would decode to other values, not fail): at
+        once where the phase and the sizes are known (eagerly), else when it runs."""
+        coefficients = payload["coefficients"]
+        phase = tf.get_static_value(payload["phase"])
+        count = coefficients.shape.num_elements()
+        if tf.executing_eagerly() and phase is not None and count is not None:
+            expected = self.num_slices * int(self.dim.numpy())
+            if int(phase) == COMPRESSED and count != expected:
+                raise base.MalformedPayloadError(
+                    f"{self.name} payload: {count} coefficients, expected {expected} "
+                    f"({self.num_slices} slices of dimension {expected // self.num_slices})")
+            return payload
+        expected = self.num_slices * self.dim.read_value()
+        size = tf.size(coefficients)
+        check = tf.debugging.Assert(
+            tf.logical_or(tf.not_equal(payload["phase"], COMPRESSED), tf.equal(size, expected)),
+            [f"{self.name} payload: coefficients", size, "expected", expected,
+             f"({self.num_slices} slices of the current dimension)"])
+        with tf.control_dependencies([check]):
+            return dict(payload, coefficients=tf.identity(coefficients))
 
     def _payload_fields(self):
         """What `decode` accepts: `_encode`'s keys and dtypes."""

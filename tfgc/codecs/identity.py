@@ -31,7 +31,14 @@ class NoCompression(base.Codec):
         if isinstance(payload, collections.abc.Mapping) and "indices" in payload:
             return _slices_from_payload(self, payload, expected_shape)
         fields = base.check_payload(payload, self.name, _DENSE_FIELDS)
-        return base.check_decoded_field(fields["values"], self, expected_shape)
+        return base.check_decoded_field(
+            fields["values"], self, expected_shape,
+            bytes_per_element=self.decoded_bytes_per_element(fields))
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding is the payload's values: nothing is allocated, and they are
+        bounded as the dense tensor they are (for IndexedSlices: a receiver may make)."""
+        return fields["values"].dtype.size
 
     def encode_and_reconstruct(self, x: Union[tf.Tensor, tf.IndexedSlices]
                                ) -> tuple[base.Payload, Union[tf.Tensor, tf.IndexedSlices]]:
@@ -83,8 +90,14 @@ class Cast(base.Codec):
     def decode(self, payload: base.Payload,
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields = base.check_payload(payload, self.name, self._fields())
-        values = base.check_decoded_field(fields["values"], self, expected_shape)
+        values = base.check_decoded_field(
+            fields["values"], self, expected_shape,
+            bytes_per_element=self.decoded_bytes_per_element(fields))
         return tf.cast(values, fields["dtype"].dtype)
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding, in the marker's dtype."""
+        return fields["dtype"].dtype.size
 
     def _fields(self):
         return {"values": base.Field((self.dtype,)), "dtype": base.DTYPE_MARKER}
@@ -128,10 +141,11 @@ _SLICES_FIELDS = {
 
 
 def _slices_from_payload(codec, payload, expected_shape):
-    """Inverse of `_slices_payload`; a payload whose values do not fill its rows fails."""
+    """Inverse of `_slices_payload`; a payload whose values do not fill its rows, or
+    whose indices lie outside [0, dense_shape[0]), fails."""
     fields, dims, n = base.checked_payload(codec, payload, _SLICES_FIELDS, expected_shape,
                                            key="dense_shape", dense=False)
-    indices = fields["indices"]
+    indices = _indices_within(codec, fields["indices"], dims)
     count = tf.size(indices, out_type=tf.int64)
     if isinstance(dims, list):  # known while the decode is built: no ops for the shapes
         row_size = int(np.prod(dims[1:], dtype=np.int64))
@@ -147,3 +161,29 @@ def _slices_from_payload(codec, payload, expected_shape):
         values = base.check_size(fields["values"], expected, codec.name, key="values")
         values = tf.reshape(values, tf.concat([[-1], dense_shape[1:]], 0))
     return tf.IndexedSlices(values, indices, dense_shape)
+
+
+def _indices_within(codec, indices, dims):
+    """`indices` once checked to lie in [0, dims[0]): at once where both are known while
+    the decode is built, else when it runs."""
+    name = codec.name
+    if isinstance(dims, list) and not dims:
+        raise base.MalformedPayloadError(
+            f"{name} payload: dense_shape [] has no rows for the slices' indices")
+    rows = dims[0] if isinstance(dims, list) else tf.get_static_value(dims[0])
+    value = tf.get_static_value(indices)
+    if value is not None and rows is not None:
+        outside = (value < 0) | (value >= int(rows))
+        if np.any(outside):
+            raise base.MalformedPayloadError(
+                f"{name} payload: indices {value[outside][:5].tolist()} lie outside "
+                f"[0, {int(rows)}), the rows of its dense_shape")
+        return indices
+    rows = tf.cast(dims[0], tf.int64) if isinstance(dims, list) else tf.concat(
+        [tf.cast(dims, tf.int64), tf.zeros([1], tf.int64)], 0)[0]
+    wide = tf.cast(indices, tf.int64)
+    check = tf.debugging.Assert(
+        tf.reduce_all((wide >= 0) & (wide < rows)),
+        [f"{name} payload: indices lie outside [0, dense_shape[0]); dense_shape[0] is", rows])
+    with tf.control_dependencies([check]):
+        return tf.identity(indices)

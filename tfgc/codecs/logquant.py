@@ -52,6 +52,10 @@ class LogQuant(base.ReconstructingCodec):
         values = tfgc_ops.log_levels_decode(fields["data"], fields["scale"], n, self.bits)
         return tf.reshape(tf.cast(values, fields["dtype"].dtype), dims)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding as float32, and cast to the payload's dtype."""
+        return 4 + base.extra_bytes(fields["dtype"].dtype)
+
 
 _FIELDS = {
     "data": base.BYTES,

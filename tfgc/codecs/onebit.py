@@ -44,6 +44,10 @@ class OneBit(base.ReconstructingCodec):
         values = tf.where(upper, fields["positive"], fields["negative"])
         return tf.reshape(values, dims)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The unpacked bits (int32, then bool) and the decoding."""
+        return 4 + 1 + fields["positive"].dtype.size
+
 
 _FIELDS = {
     "data": base.BYTES,

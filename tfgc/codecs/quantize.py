@@ -86,6 +86,11 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         values = tf.cast(low + codes * step, fields["min"].dtype)
         return tf.reshape(values, dims)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The unpacked codes (int32, then float32), two float32 steps of the
+        dequantization, and its cast to the payload's dtype."""
+        return 4 + 4 + 4 + 4 + base.extra_bytes(fields["min"].dtype)
+
     def _bits_for(self, value_range, size):
         """The bits to quantize a tensor with, given its `tfgc_ops.value_range` and size:
         `self.bits`, checked. Subclasses that choose the bits per tensor (MQGrad's
@@ -169,6 +174,10 @@ class Int8(base.ReconstructingCodec):
         scale = fields["scale"]
         values = tf.cast(tf.cast(data, tf.float32) * tf.cast(scale, tf.float32), scale.dtype)
         return base.with_static_shape(values, dims)
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The codes as float32, scaled, and cast to the payload's dtype."""
+        return 4 + 4 + base.extra_bytes(fields["scale"].dtype)
 
 
 _INT8_FIELDS = {

@@ -88,9 +88,22 @@ class RandomK(base.StochasticCodec):
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _FIELDS, expected_shape)
         n = tf.cast(n, tf.int64)
+        # The values are counted before the positions are drawn: a payload whose values
+        # do not match its shape is refused before anything is allocated for the shape.
+        values = base.check_size(fields["values"], _strata(n, self.fraction)[2], self.name,
+                                 key="values")
+        with tf.control_dependencies([values]):
+            n = tf.identity(n)
         positions, _ = _positions(n, self.fraction, fields["seed"])
-        values = base.check_size(fields["values"], tf.size(positions), self.name, key="values")
         return tf.reshape(_expand(positions, values, n), dims)
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding in the values' dtype (through a float32 vector, for float32,
+        float16 and bfloat16) and, per position drawn (a `fraction` of the elements),
+        five int64 vectors while drawing and two copies as it is scattered."""
+        dtype = fields["values"].dtype
+        dense = (4 + base.extra_bytes(dtype)) if dtype in _THROUGH_FLOAT32 else dtype.size
+        return dense + 56 * self.fraction
 
 
 class SharedRandomK(RandomK):
@@ -122,7 +135,7 @@ def _expand(positions, values, n):
     """`values` at `positions` (ascending, within n) and zeros elsewhere, as a vector of
     n; NaN everywhere when a value is not finite (a failed step)."""
     def expanded():
-        if values.dtype in (tf.float32, tf.float16, tf.bfloat16):
+        if values.dtype in _THROUGH_FLOAT32:
             # One pass in C++: tf.scatter_nd ran at 0.2x a one-pass XLA op at 1%.
             dense = tfgc_ops.positions_expand(tf.cast(positions, tf.int32),
                                               tf.cast(values, tf.float32), n)
@@ -135,12 +148,20 @@ def _expand(positions, values, n):
     return tf.cond(base.all_finite(values), expanded, failed)
 
 
+def _strata(n, fraction):
+    """(the strata's width, their count asked for, their count): range(n) cut into
+    ceil(fraction * n) parts of equal width, fewer where that does not divide n (int64
+    scalars; no op larger than a scalar)."""
+    count = tf.maximum(tf.cast(tf.math.ceil(fraction * tf.cast(n, tf.float64)), tf.int64), 1)
+    width = tf.maximum((n + count - 1) // count, 1)
+    return width, count, (n + width - 1) // width
+
+
 def _positions(n, fraction, seed):
     """int64 positions, ascending and distinct: one drawn in each of the strata that cut
     range(n) into ceil(fraction * n) parts of equal width (the last one shorter); and
     the width of each one's stratum."""
-    count = tf.maximum(tf.cast(tf.math.ceil(fraction * tf.cast(n, tf.float64)), tf.int64), 1)
-    width = tf.maximum((n + count - 1) // count, 1)
+    width, _, _ = _strata(n, fraction)
     starts = tf.range(0, n, width, dtype=tf.int64)
     lengths = tf.minimum(width, n - starts)
     draws = tf.random.stateless_uniform(tf.shape(starts), seed, minval=None, maxval=None,
@@ -148,6 +169,7 @@ def _positions(n, fraction, seed):
     return starts + tf.math.floormod(draws, lengths), lengths
 
 
+_THROUGH_FLOAT32 = (tf.float32, tf.float16, tf.bfloat16)
 _FIELDS = {
     "values": base.FLOAT_VECTOR,
     "seed": base.Field((tf.int64,), rank=1, size=2),

@@ -112,7 +112,8 @@ class SparseRows(base.Codec):
             {key: tensor for key, tensor in payload.items() if not key.startswith(_INNER)},
             self.name, _FIELDS)
         dims, _ = base.checked_shape(self, fields["dense_shape"], expected_shape, dense=False,
-                                     key="dense_shape")
+                                     key="dense_shape",
+                                     bytes_per_element=self._bytes_per_element(inner))
         dense_shape = (tf.constant(dims, tf.int64, shape=[len(dims)]) if isinstance(dims, list)
                        else tf.cast(dims, tf.int64))
         ids = tfgc_ops.unpack_keys(fields["rows"])
@@ -136,6 +137,20 @@ class SparseRows(base.Codec):
             values = tf.reshape(values, [-1] + row_shape)
         indices = tf.cast(ids, fields["index_dtype"].dtype)
         return tf.IndexedSlices(values, indices, dense_shape)
+
+    def _bytes_per_element(self, inner):
+        """What decoding takes per element of the dense shape: a codec that sends the
+        rows' values alone decodes them as large as the rows are (at most the dense
+        shape), by its own count; another's decoding is bounded by its own shape, and
+        the dense shape by one float32 per element, as the dense tensor a receiver may
+        make of the slices."""
+        if not self._values_alone():
+            return 4
+        try:
+            fields = {key: tf.convert_to_tensor(tensor) for key, tensor in inner.items()}
+            return base.bytes_per_element(self.codec, fields)
+        except (KeyError, TypeError, ValueError):
+            return 4  # a payload the codec refuses before decoding anything
 
 
 _FIELDS = {

@@ -41,6 +41,10 @@ class ScaledSign(base.ReconstructingCodec):
         positive = bitpack.unpack_bits(data, 1, n) > 0
         return tf.reshape(tf.where(positive, scale, -scale), dims)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The unpacked bits (int32, then bool) and the decoding."""
+        return 4 + 1 + fields["scale"].dtype.size
+
 
 _FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
 

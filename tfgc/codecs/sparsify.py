@@ -61,17 +61,26 @@ class Sparsify(base.ReconstructingCodec):
                expected_shape: Optional[base.Shape] = None) -> tf.Tensor:
         fields, dims, n = base.checked_payload(self, payload, _SPARSIFY_FIELDS, expected_shape)
         dtype = fields["values"].dtype
-        if dtype in _THROUGH_FLOAT32:  # the op checks both sizes before allocating
-            values = tf.cast(fields["values"], tf.float32)
-            dense = tfgc_ops.bitmap_expand(fields["bitmap"], values, n)
-            return tf.reshape(tf.cast(dense, dtype), dims)
         bitmap = base.check_size(fields["bitmap"], bitpack.packed_size(n, 1), self.name,
                                  key="bitmap")
+        if dtype in _THROUGH_FLOAT32:  # the op checks both sizes before allocating
+            values = tf.cast(fields["values"], tf.float32)
+            dense = tfgc_ops.bitmap_expand(bitmap, values, n)
+            return tf.reshape(tf.cast(dense, dtype), dims)
         positions = tf.where(bitpack.unpack_bits(bitmap, 1, n) > 0)
         values = base.check_size(fields["values"], tf.shape(positions)[0], self.name,
                                  key="values")
         dense = tf.scatter_nd(positions, values, tf.reshape(tf.cast(n, tf.int64), [1]))
         return tf.reshape(dense, dims)
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """float32, float16 and bfloat16: the kept values and the decoding as float32
+        (and the decoding cast back); float64: the unpacked bitmap (int32 and bool), the
+        kept positions (int64) and the decoding."""
+        dtype = fields["values"].dtype
+        if dtype in _THROUGH_FLOAT32:
+            return 8 + base.extra_bytes(dtype)
+        return 4 + 1 + 8 + dtype.size
 
 
 class TopK(base.ReconstructingCodec):
@@ -128,6 +137,14 @@ class TopK(base.ReconstructingCodec):
         size = tf.reshape(tf.cast(n, indices.dtype), [1])
         dense = tf.scatter_nd(indices[:, None], values, size)
         return tf.reshape(dense, dims)
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding (as float32 for float32, float16 and bfloat16 values, cast back)
+        and, per kept value, at most one per element, a copy of its index and value."""
+        dtype, index = fields["values"].dtype, fields["indices"].dtype
+        if index == tf.int32 and dtype in _THROUGH_FLOAT32:
+            return 4 + base.extra_bytes(dtype) + 4
+        return dtype.size + index.size
 
 
 _SPARSIFY_FIELDS = {"bitmap": base.BYTES, "values": base.FLOAT_VECTOR, "shape": base.SHAPE}

@@ -46,6 +46,10 @@ class StochasticTernary(base.StochasticCodec):
         values = tfgc_ops.quartic_unfold(fields["data"], n, tf.cast(scale, tf.float32))
         return tf.reshape(tf.cast(values, scale.dtype), dims)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding as float32, and cast to the payload's dtype."""
+        return 4 + base.extra_bytes(fields["scale"].dtype)
+
 
 _TERNARY_FIELDS = {"data": base.BYTES, "scale": base.FLOAT_SCALAR, "shape": base.SHAPE}
 
@@ -103,6 +107,10 @@ class QSGD(base.StochasticCodec):
         values = tfgc_ops.qsgd_decode(fields["data"], tf.cast(norms, tf.float32), n,
                                       self.bits, self.bucket_size)
         return tf.reshape(tf.cast(values, norms.dtype), dims)
+
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The decoding as float32, and cast to the payload's dtype."""
+        return 4 + base.extra_bytes(fields["norms"].dtype)
 
 
 _QSGD_FIELDS = {"data": base.BYTES, "norms": base.FLOAT_VECTOR, "shape": base.SHAPE}

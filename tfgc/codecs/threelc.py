@@ -144,6 +144,11 @@ class ThreeLC(base.Codec):
         shape = tf.TensorShape(dims) if isinstance(dims, list) else dims
         return _unfold_and_scale(folded, fields["scale"], shape)
 
+    def decoded_bytes_per_element(self, fields) -> float:
+        """The quartic bytes (one per five values), the decoding as float32, and its
+        cast to the payload's dtype."""
+        return 0.2 + 4 + base.extra_bytes(fields["scale"].dtype)
+
     def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
                                     ) -> tuple[base.Payload, tf.Tensor]:
         if len(shapes) == 1:

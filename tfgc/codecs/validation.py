@@ -3,13 +3,25 @@
 A payload is data from elsewhere, so nothing it declares is trusted. `decode(payload, expected_shape=None)` checks the payload's keys (none
 missing, none extra: a payload of another codec is refused), the dtype and rank of each
 field, the declared shape against `expected_shape` (the receiver's own knowledge, e.g.
-the variable's shape) or, without one, against the codec's `max_decoded_elements`
-(default `MAX_DECODED_ELEMENTS`), and every field's element count against that shape,
-all before anything is allocated for the declared shape. What is known while the
-decode is built (eagerly: everything) is checked at once and raises
-`MalformedPayloadError` (both a `ValueError` and a `tf.errors.InvalidArgumentError`);
+the variable's shape) or, without one, against the codec's byte bound, and every
+field's element count against that shape, all before anything is allocated for the
+declared shape.
+
+The byte bound: without `expected_shape`, a decoding may allocate at most the codec's
+`max_decoded_bytes` (default `MAX_DECODED_BYTES`, 1 GiB), counted as the declared
+element count times `codec.decoded_bytes_per_element(fields)`: the bytes per element of
+its output and of every intermediate it makes (the dtypes come from the payload's
+fields: a float64 decoding counts 8 bytes for its output, int32 codes 4, int64
+positions 8). With `expected_shape`, what is allocated for the shape is what the caller
+expects anyway. Either way, what a decoder allocates beyond that is at most a small
+multiple of the payload's own bytes, and a field whose size the declared shape fixes is
+checked before anything is allocated for the shape.
+
+What is known while the decode is built (eagerly: everything) is checked at once and
+raises `MalformedPayloadError` (both a `ValueError` and a `tf.errors.InvalidArgumentError`);
 the rest is checked by assert ops, which raise `tf.errors.InvalidArgumentError` with
-the same words when run. Either way the message names the codec and what it found.
+the same words when run, before the ops that allocate for the shape. Either way the
+message names the codec and what it found.
 """
 import collections.abc
 import functools
@@ -21,11 +33,17 @@ import numpy as np
 import tensorflow as tf
 
 MAX_ELEMENTS = 2**31 - 1  # shapes travel as int32
-#: The most elements a decoding may have when its caller gives no `expected_shape`
-#: (1 GiB of float32): a payload declaring more is refused before anything is allocated
-#: for it. Set a codec's `max_decoded_elements` (or this constant) to decode larger tensors
-#: without an expected shape.
-MAX_DECODED_ELEMENTS = 2**28
+#: The most bytes a decoding may allocate (its output and its intermediates) when its
+#: caller gives no `expected_shape`: a payload declaring a shape whose decoding would
+#: take more is refused before anything is allocated for it. Set a codec's
+#: `max_decoded_bytes` (or this constant) to decode larger tensors without an expected
+#: shape.
+MAX_DECODED_BYTES = 2**30
+#: Deprecated: the byte bound (`MAX_DECODED_BYTES`) is the limit. A further bound on the
+#: elements of a decoding without `expected_shape`, kept for code that sets it (or a
+#: codec's `max_decoded_elements`); at its default, MAX_DECODED_BYTES // 4, it binds only
+#: for decodings that take fewer than 4 bytes per element.
+MAX_DECODED_ELEMENTS = MAX_DECODED_BYTES // 4
 
 
 class MalformedPayloadError(tf.errors.InvalidArgumentError, ValueError):
@@ -61,10 +79,31 @@ def decode_expecting(codec, payload, expected_shape):
     return codec.decode(payload)
 
 
+def decoded_byte_bound(codec):
+    """The most bytes `codec`'s decoding may allocate without an expected shape."""
+    bound = getattr(codec, "max_decoded_bytes", None)
+    return MAX_DECODED_BYTES if bound is None else int(bound)
+
+
 def decoded_element_bound(codec):
-    """The most elements `codec` decodes to without an expected shape."""
-    bound = codec.max_decoded_elements
+    """The most elements `codec` decodes to without an expected shape (deprecated: see
+    `MAX_DECODED_ELEMENTS`)."""
+    bound = getattr(codec, "max_decoded_elements", None)
     return MAX_DECODED_ELEMENTS if bound is None else int(bound)
+
+
+def extra_bytes(dtype, computed=tf.float32):
+    """Bytes per element of a cast from `computed` (what a decoder computes in) to
+    `dtype`: none where they are the same dtype (the cast is no op)."""
+    dtype = tf.as_dtype(dtype)
+    return 0 if dtype == tf.as_dtype(computed) else dtype.size
+
+
+def bytes_per_element(codec, fields):
+    """`codec.decoded_bytes_per_element(fields)`, or 4 (one float32) for a codec without
+    it."""
+    per_element = getattr(codec, "decoded_bytes_per_element", None)
+    return 4 if per_element is None else float(per_element(fields))
 
 
 class Field:
@@ -160,20 +199,25 @@ def static_dims(shape, codec_name, what="expected_shape"):
     return shape.as_list()
 
 
-def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape"):
+def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape",
+                  bytes_per_element=4):
     """The shape a payload declares, checked before anything is allocated for it.
 
-    With `expected_shape`, the declared shape must be it; without, it must have at most
-    `decoded_element_bound(codec)` elements. Dimensions must be non-negative, and a dense
-    decoding has at most MAX_ELEMENTS elements (shapes travel as int32).
+    With `expected_shape`, the declared shape must be it; without, its decoding must
+    take at most `decoded_byte_bound(codec)` bytes (its element count times
+    `bytes_per_element`) and have at most `decoded_element_bound(codec)` elements.
+    Dimensions must be non-negative, and a dense decoding has at most MAX_ELEMENTS
+    elements (shapes travel as int32).
 
     Args:
-      codec: the decoding codec (its name and bound).
+      codec: the decoding codec (its name and bounds).
       shape: the payload's rank-1 integer shape field (checked by `check_payload`).
       expected_shape: None, or the fully defined shape the caller expects.
       dense: whether the decoding is a dense tensor of this shape (False for
         `tf.IndexedSlices`, which hold only some of its rows).
       key: the field's name, for messages.
+      bytes_per_element: what the decoding allocates per element of the shape, its
+        output and intermediates together (`Codec.decoded_bytes_per_element`).
 
     Returns:
       (dims, n): dims is the shape as a list of ints where known while the decode is
@@ -192,6 +236,8 @@ def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape"):
     bound = decoded_element_bound(codec)
     if dense:
         bound = min(bound, MAX_ELEMENTS)
+    byte_bound = decoded_byte_bound(codec)
+    per_element = float(bytes_per_element)
     value = tf.get_static_value(shape)
     if value is not None:
         dims = [int(d) for d in np.reshape(value, [-1])]
@@ -202,6 +248,9 @@ def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape"):
         if expected is not None and dims != expected:
             raise MalformedPayloadError(
                 f"{name}: payload declares {key} {dims}, expected {expected}")
+        if expected is None and n * per_element > byte_bound:
+            raise MalformedPayloadError(
+                _above_byte_bound(name, key, dims, n, per_element, byte_bound))
         if expected is None and n > bound:
             raise MalformedPayloadError(_above_bound(name, key, dims, n, bound))
         return dims, n
@@ -228,19 +277,27 @@ def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape"):
         [f"{name}: payload declares {key}", shown, "with a negative dimension"])
     # The product in float64 never wraps (in int32, [65536, 65536] has 0 elements).
     total = tf.reduce_prod(tf.cast(wide, tf.float64))
+    within_bytes = tf.debugging.Assert(
+        total * per_element <= byte_bound,
+        [f"{name}: payload declares {key}", shown,
+         f"whose decoding takes more than max_decoded_bytes={byte_bound} bytes "
+         f"({_per_element(per_element)} bytes per element); pass the expected_shape of "
+         "the decoding, or raise the codec's max_decoded_bytes"])
     bounded = tf.debugging.Assert(
         total <= bound,
         [f"{name}: payload declares {key}", shown,
          f"with more than max_decoded_elements={bound} elements; pass the expected_shape "
          "of the decoding, or raise the codec's max_decoded_elements"])
-    with tf.control_dependencies([non_negative, bounded]):
+    with tf.control_dependencies([non_negative, within_bytes, bounded]):
         return tf.identity(wide), tf.reduce_prod(wide)
 
 
 def checked_payload(codec, payload, fields, expected_shape=None, key="shape", dense=True):
-    """`check_payload` and `checked_shape` of its `key` field: (fields, dims, n)."""
+    """`check_payload` and `checked_shape` of its `key` field, whose decoding takes
+    `bytes_per_element(codec, fields)` bytes per element: (fields, dims, n)."""
     checked = check_payload(payload, codec.name, fields)
-    dims, n = checked_shape(codec, checked[key], expected_shape, dense=dense, key=key)
+    dims, n = checked_shape(codec, checked[key], expected_shape, dense=dense, key=key,
+                            bytes_per_element=bytes_per_element(codec, checked))
     return checked, dims, n
 
 
@@ -264,16 +321,29 @@ def with_static_shape(tensor, dims):
     return tf.reshape(tensor, dims)
 
 
+def _per_element(per_element):
+    return int(per_element) if per_element == int(per_element) else round(per_element, 2)
+
+
+def _above_byte_bound(name, key, dims, n, per_element, bound):
+    return (f"{name}: payload declares {key} {dims} ({n} elements), whose decoding takes "
+            f"{math.ceil(n * per_element)} bytes ({_per_element(per_element)} per element), "
+            f"more than max_decoded_bytes={bound}; pass the expected_shape of the "
+            "decoding, or raise the codec's max_decoded_bytes")
+
+
 def _above_bound(name, key, dims, n, bound):
     return (f"{name}: payload declares {key} {dims} ({n} elements), more than "
             f"max_decoded_elements={bound}; pass the expected_shape of the decoding, or "
             "raise the codec's max_decoded_elements")
 
 
-def check_decoded_field(tensor, codec, expected_shape=None, key="values"):
+def check_decoded_field(tensor, codec, expected_shape=None, key="values",
+                        bytes_per_element=None):
     """`tensor`, a payload field of the decoding's own shape (NoCompression, Cast), once
-    its shape is checked to be `expected_shape`, or else its size to be within the
-    codec's bound; reshaped to `expected_shape` where that adds static shape."""
+    its shape is checked to be `expected_shape`, or else its decoding to be within the
+    codec's bounds (`bytes_per_element`: what the decoding takes per element, None: the
+    field's own dtype size); reshaped to `expected_shape` where that adds static shape."""
     name = codec.name
     if expected_shape is not None:
         expected = static_dims(expected_shape, name)
@@ -291,18 +361,28 @@ def check_decoded_field(tensor, codec, expected_shape=None, key="values"):
         with tf.control_dependencies([check]):
             return with_static_shape(tf.identity(tensor), expected)
     bound = decoded_element_bound(codec)
+    byte_bound = decoded_byte_bound(codec)
+    per_element = float(tensor.dtype.size if bytes_per_element is None else bytes_per_element)
     size = tensor.shape.num_elements()
     if size is not None:
+        shape = tensor.shape.as_list()
+        if size * per_element > byte_bound:
+            raise MalformedPayloadError(_above_byte_bound(
+                name, f"field {key!r} of shape", shape, size, per_element, byte_bound))
         if size > bound:
             raise MalformedPayloadError(
-                _above_bound(name, f"field {key!r} of shape", tensor.shape.as_list(), size,
-                             bound))
+                _above_bound(name, f"field {key!r} of shape", shape, size, bound))
         return tensor
-    check = tf.debugging.Assert(
-        tf.size(tensor, out_type=tf.int64) <= bound,
+    size = tf.size(tensor, out_type=tf.int64)
+    within_bytes = tf.debugging.Assert(
+        tf.cast(size, tf.float64) * per_element <= byte_bound,
+        [f"{name}: payload field {key!r} has shape", tf.shape(tensor),
+         f"whose decoding takes more than max_decoded_bytes={byte_bound} bytes"])
+    bounded = tf.debugging.Assert(
+        size <= bound,
         [f"{name}: payload field {key!r} has shape", tf.shape(tensor),
          f"with more than max_decoded_elements={bound} elements"])
-    with tf.control_dependencies([check]):
+    with tf.control_dependencies([within_bytes, bounded]):
         return tf.identity(tensor)
 
 
