@@ -83,7 +83,7 @@ def test_keras3_gpu_default_stops_with_tfgcs_error(monkeypatch):
     monkeypatch.setattr(trainer.Trainer, "_resolve_auto_jit_compile", lambda self: True)
     model, _ = _keras3_model(C.ThreeLC(1.0), jit_compile="auto")
     assert model.jit_compile
-    with pytest.raises(NotImplementedError, match=r"ThreeLC use\. Compile the model with "
+    with pytest.raises(NotImplementedError, match=r"ThreeLC uses\. Compile the model with "
                                                   r"jit_compile=False"):
         model.fit(*_data(), epochs=1, batch_size=16, verbose=0)
     model, optimizer = _keras3_model(C.ThreeLC(1.0), jit_compile=False)

@@ -43,7 +43,8 @@ def refuse_compiled_step(optimizer, wire):
     if names:
         raise NotImplementedError(
             "tfgc: this train step is compiled with XLA, which cannot compile the C++ "
-            f"ops of tfgc that {' and '.join(names)} use. Compile the model with "
+            f"ops of tfgc that {' and '.join(names)} {'uses' if len(names) == 1 else 'use'}. "
+            "Compile the model with "
             "jit_compile=False (Keras 3 turns XLA on by default on a machine with a GPU "
             "when no strategy is used), or call the optimizer outside "
             "tf.function(jit_compile=True). Without a strategy, "
