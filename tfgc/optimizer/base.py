@@ -13,7 +13,7 @@ from tfgc.distribute import (
     zeros_of,
 )
 from tfgc.local_steps import as_outer_optimizer, check_local_steps
-from tfgc.optimizer import xla
+from tfgc.optimizer import saved_settings, xla
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
 from tfgc.variables import PulledVariable
 from tfgc.wire import choose_wire
@@ -77,7 +77,21 @@ class CompressingBase:
             # which a SavedModel cannot hold; an exported model needs none of them.
             # Checkpoints (BackupAndRestore, tf.train.Checkpoint) keep them.
             children.pop("_residuals", None)
+            return children
+        children[saved_settings.CHILD] = self._saved_settings
         return children
+
+    def checkpoint_settings(self):
+        """The settings that give this optimizer's checkpointed state its meaning: codecs,
+        error feedback, local steps (what a restore compares; see
+        `tfgc.optimizer.saved_settings`)."""
+        config = self._compression_config({})
+        del config["bucket_bytes"]  # how payloads are grouped, not what state means
+        outer = config.pop("outer_optimizer")
+        # The outer learning rate may change between runs; momentum makes state.
+        config["outer_optimizer"] = None if outer is None else {
+            "momentum": bool(outer["momentum"]), "nesterov": bool(outer["nesterov"])}
+        return config
 
     def _init_compression(self, compression, pull_compression, min_elements, error_feedback,
                           small_compression, bucket_bytes, sparse_error_feedback):
@@ -94,6 +108,9 @@ class CompressingBase:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
         self._settings = None  # see wire_settings
+        # Set without Keras's attribute tracking: `_trackable_children` adds it.
+        object.__setattr__(self, "_saved_settings",
+                           saved_settings.SavedSettings(self.checkpoint_settings))
         # Saved with the optimizer (read back: Keras wraps a dict it tracks).
         self._codecs = {}  # the codec bound to each compressed variable, by position
         self._residuals = {}
