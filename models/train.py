@@ -78,7 +78,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 from models import data as data_lib
-from models import divergence, held_out, supervise, workloads
+from models import divergence, held_out, lost_workers, supervise, workloads
 from models.recorder import HISTORY_FIELDS, recorder_classes
 from models.train_args import (
     build_parser, default_momentum, default_outer_optimizer, fill_optimizer_defaults,
@@ -364,6 +364,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     if optimizer.outer_optimizer is not None:
         callbacks.insert(0, tfgc.callbacks.OuterSteps())  # the meetings of local steps
     callbacks.append(recorder)
+    lost = None
+    if cluster is not None:
+        lost = lost_workers.watcher(cluster, _log)
+        callbacks.append(lost)
     evaluator = None
     if args.eval_every:
         evaluator = held_out.evaluator_class()(
@@ -410,6 +414,10 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         if records_path is not None:
             os.remove(records_path)  # the workers' open readers keep what they use
     returned = time.monotonic()
+    if lost is not None:
+        # The workers that trained to the end, and those lost on the way.
+        summary["workers_finished"] = lost.finished
+        summary["workers_lost"] = lost.lost
     # Up to the end of the last epoch. What follows inside `fit` is TensorFlow freeing the
     # per-worker input pipelines; under PSS removing their remote functions has taken
     # from 0.3 s to over 30 s, varying from run to run for every codec, fp32 included.

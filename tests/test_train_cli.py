@@ -475,8 +475,6 @@ def _servers_of_job(job, ancestor):
             and argv[argv.index(b"--job") + 1] == job.encode() and descends(pid)]
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
 def _backup_written(backup_dir):
     """Whether a finished checkpoint index lies under `backup_dir`.
 
@@ -491,6 +489,8 @@ def _backup_written(backup_dir):
     return False
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_parameter_server_run_resumes_after_the_ps_dies(tmp_path):
     # The parameter server is killed (SIGKILL) once a backup exists; the run restarts
     # its cluster, resumes from the backup and completes every requested step.
@@ -530,3 +530,49 @@ def test_parameter_server_run_resumes_after_the_ps_dies(tmp_path):
     # The byte counters were restored with the model: each of the 24 steps counted once.
     assert summary["push_dense_bytes_per_step"] == pytest.approx(float(rows[0]["push_dense_bytes"]))
     assert not (out / "backup").exists()  # removed once the run completed
+
+
+def _rows_written(out):
+    """How many history rows the run's attempt has written so far."""
+    try:
+        with open(out / "history-attempts.jsonl") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_lost_worker_is_said_aloud_and_recorded(tmp_path):
+    # ParameterServerStrategy finishes on the other worker; the run says which it lost.
+    out = tmp_path / "run"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "models.train", *TINY, "--strategy", "ps", "--workers", "2",
+         "--steps", "48", "--log-every", "4", "--timeout", "280", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while _rows_written(out) < 1:
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "no epoch ended"
+            time.sleep(0.2)
+        victims = _servers_of_job("worker", proc.pid)
+        assert len(victims) == 2, victims
+        os.kill(victims[0], signal.SIGKILL)  # either worker: the summary says which
+        stdout, stderr = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, stderr[-4000:]
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["workers"] == 2 and summary["workers_finished"] == 1, summary
+    [lost] = summary["workers_lost"]
+    assert lost["exit_code"] == -signal.SIGKILL, lost
+    index = lost["task"].split(":")[1]
+    assert f"worker {index} exited with code -9" in stderr, stderr[-4000:]
+    assert "training goes on with 1 worker" in stderr
+    assert summary["steps"] == 48 and summary["test_accuracy"] is not None

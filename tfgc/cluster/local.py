@@ -485,6 +485,12 @@ class LocalCluster(WorkerScripts, SocketCounters):
         """Path of the log file of server task `job:index`."""
         return os.path.join(self.log_dir, f"{job}-{index}.log")
 
+    def exited_servers(self):
+        """{(job, index): exit code} of the server tasks that have exited (a negative
+        code: killed by that signal)."""
+        return {key: proc.returncode for key, proc in sorted(self._procs.items())
+                if proc.poll() is not None}
+
     def check_alive(self):
         """Raises ClusterError (with its log tail) if any server has exited."""
         for key, proc in sorted(self._procs.items()):
