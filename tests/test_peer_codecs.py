@@ -90,6 +90,34 @@ def test_signum_keeps_its_momentum_through_a_non_finite_step(rng):
     np.testing.assert_array_equal(layer.momentum.numpy(), kept)
 
 
+@pytest.mark.parametrize("traced", [False, True])
+def test_signum_float32_step_gives_what_the_tensorflow_ops_give(rng, traced):
+    # float32 steps go through one C++ op (tfgc_ops.momentum_sign_bits_encode); the
+    # payload, the sent values and the kept momentum are those of beta * m + g by
+    # TensorFlow's ops and ScaledSign of it, a non-finite step included.
+    shape = [1000, 131]  # two of the op's 65,536-value blocks and a partial one
+    layer = bound(C.Signum(momentum=0.9), shape)
+    step = tf.function(layer.encode_and_reconstruct) if traced else layer.encode_and_reconstruct
+    momentum = tf.zeros(shape)
+    for k in range(5):
+        g = (rng.standard_t(3, shape) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
+        g[rng.random(shape) < 0.05] = 0.0
+        g[0, :3] = [-0.0, 3e37, -3e37]  # their momenta near float32's largest
+        if k == 3:
+            g[5, 7] = np.nan if traced else np.inf
+        new = np.float32(0.9) * momentum + g
+        expected_payload, expected_sent = C.ScaledSign().encode_and_reconstruct(new)
+        payload, sent = step(tf.constant(g))
+        np.testing.assert_array_equal(payload["data"].numpy(), expected_payload["data"].numpy())
+        np.testing.assert_array_equal(payload["scale"].numpy(), expected_payload["scale"].numpy())
+        np.testing.assert_array_equal(payload["shape"].numpy(), expected_payload["shape"].numpy())
+        np.testing.assert_array_equal(sent.numpy(), expected_sent.numpy())
+        assert np.isnan(float(payload["scale"])) == (k == 3)
+        if k != 3:
+            momentum = new
+        np.testing.assert_array_equal(layer.momentum.numpy(), momentum.numpy())
+
+
 def test_signum_in_an_optimizer_keeps_no_residual_and_warns_of_a_second_momentum(tmp_path):
     kernel = tf.Variable(tf.ones([64, 32]), name="kernel")
     with pytest.warns(UserWarning, match="two momenta"):
@@ -189,6 +217,10 @@ def test_powersgd_binds_matrices_it_shrinks_and_sends_the_rest_as_they_are():
     for shape in ([64], [4, 4], [3, 3, 1, 2]):  # a vector; rank 2 saves less than 2x
         assert isinstance(bound(codec, shape), C.NoCompression), shape
     assert isinstance(bound(C.PowerSGD(rank=1, min_compression_rate=1.0), [4, 4]), PowerSGDLayer)
+    # With bfloat16 factors the rest goes in bfloat16, as PyTorch's bf16 wrapper sends it.
+    for shape in ([64], [4, 4]):
+        rest = bound(C.PowerSGD(rank=2, factors_dtype="bfloat16"), shape)
+        assert isinstance(rest, C.Cast) and rest.dtype == tf.bfloat16, shape
     with pytest.raises(RuntimeError, match="bind"):
         codec.encode(tf.zeros([4, 4]))
     with pytest.raises(ValueError, match="rank must be in"):

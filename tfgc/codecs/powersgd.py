@@ -23,8 +23,9 @@ rounded before it is made orthonormal, which tilts the subspace every replica sh
 
 `PowerSGD(...)` holds the settings; `bind(variable)` (called by `DistributedOptimizer`
 per compressed variable) returns a `PowerSGDLayer` (a `tf.Module`: Q and the step count
-are checkpointed with the optimizer), or `NoCompression()` for a variable of rank < 2
-or one that rank r would not shrink by `min_compression_rate`.
+are checkpointed with the optimizer), or, for a variable of rank < 2 or one that rank r
+would not shrink by `min_compression_rate`, `NoCompression()` (`Cast("bfloat16")` with
+bfloat16 factors, as PyTorch's bf16 wrapper sends the tensors its hook leaves alone).
 """
 import zlib
 from typing import Optional, Sequence
@@ -94,8 +95,13 @@ class PowerSGD(base.PerVariableSettings):
 
     def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
              name: Optional[str] = None) -> base.Codec:
-        """A `PowerSGDLayer` for `variable`, or `NoCompression()` (see the module doc)."""
+        """A `PowerSGDLayer` for `variable`, or, for one it does not compress, the codec
+        that sends it in `factors_dtype` (see the module doc)."""
         if self.matrix_shape(variable.shape) is None:
+            # As PyTorch's bfloat16 wrapper, which casts the whole bucket (the tensors
+            # the hook sends as they are included) before the hook runs.
+            if self.factors_dtype == tf.bfloat16:
+                return identity.Cast("bfloat16")
             return identity.NoCompression()
         variable_name = getattr(variable, "name", "variable").split(":")[0]
         return PowerSGDLayer(self, variable.shape,
