@@ -489,35 +489,43 @@ def _backup_written(backup_dir):
     return False
 
 
+def _train_and_kill(out, args, ready, job, expected):
+    """Runs `models.train` with `args` (output in `out`), SIGKILLs one server of `job`
+    (of `expected`) once `ready()`, and returns the run's (return code, stderr)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "models.train", *TINY, "--strategy", "ps", *args,
+         "--timeout", "280", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not ready():
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "the run was never ready to be hit"
+            time.sleep(0.2)
+        victims = _servers_of_job(job, proc.pid)
+        assert len(victims) == expected, victims
+        os.kill(victims[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode, stderr
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_parameter_server_run_resumes_after_the_ps_dies(tmp_path):
     # The parameter server is killed (SIGKILL) once a backup exists; the run restarts
     # its cluster, resumes from the backup and completes every requested step.
     out = tmp_path / "run"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "models.train", *TINY, "--strategy", "ps", "--workers", "1",
-         "--steps", "24", "--log-every", "4", "--compression", "threelc",
-         "--pull-compression", "threelc", "--backup-every-s", "0", "--timeout", "280",
-         "--out", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not _backup_written(out / "backup"):
-            assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "no backup was written"
-            time.sleep(0.2)
-        victims = _servers_of_job("ps", proc.pid)
-        assert len(victims) == 1, victims
-        os.kill(victims[0], signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=280)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    assert proc.returncode == 0, stderr[-4000:]
+    returncode, stderr = _train_and_kill(
+        out, ["--workers", "1", "--steps", "24", "--log-every", "4", "--compression",
+              "threelc", "--pull-compression", "threelc", "--backup-every-s", "0"],
+        lambda: _backup_written(out / "backup"), "ps", 1)
+    assert returncode == 0, stderr[-4000:]
     assert "resuming from the last backup (restart 1 of 3)" in stderr
     with open(out / "summary.json") as f:
         summary = json.load(f)
@@ -546,27 +554,10 @@ def _rows_written(out):
 def test_a_lost_worker_is_said_aloud_and_recorded(tmp_path):
     # ParameterServerStrategy finishes on the other worker; the run says which it lost.
     out = tmp_path / "run"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "models.train", *TINY, "--strategy", "ps", "--workers", "2",
-         "--steps", "48", "--log-every", "4", "--timeout", "280", "--out", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while _rows_written(out) < 1:
-            assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "no epoch ended"
-            time.sleep(0.2)
-        victims = _servers_of_job("worker", proc.pid)
-        assert len(victims) == 2, victims
-        os.kill(victims[0], signal.SIGKILL)  # either worker: the summary says which
-        stdout, stderr = proc.communicate(timeout=280)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    assert proc.returncode == 0, stderr[-4000:]
+    returncode, stderr = _train_and_kill(
+        out, ["--workers", "2", "--steps", "48", "--log-every", "4"],
+        lambda: _rows_written(out) >= 1, "worker", 2)
+    assert returncode == 0, stderr[-4000:]
     with open(out / "summary.json") as f:
         summary = json.load(f)
     assert summary["workers"] == 2 and summary["workers_finished"] == 1, summary

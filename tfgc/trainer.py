@@ -60,15 +60,8 @@ def fit_on_parameter_servers(model, strategy, dataset_fn, epochs, steps_per_epoc
     per_worker_data = coordinator.create_per_worker_dataset(
         lambda: strategy.distribute_datasets_from_function(dataset_fn))
     iterator = iter(per_worker_data)
-    optimizer = model.optimizer
-    if not optimizer.built:
-        # Built here, not in the step's first trace: a tf.function whose first trace
-        # makes variables traces again, and the coordinator sends every trace to every
-        # task.
-        with strategy.scope():
-            optimizer.build(model.trainable_variables)
-
-    replica_step = _replica_step(model)
+    # The coordinator sends every trace of the step to every task: one trace.
+    replica_step = _replica_step(model, strategy)
 
     @tf.function
     def train_step(iterator):
@@ -122,13 +115,7 @@ def fit_across_workers(model, strategy, dataset, epochs, steps_per_epoch, callba
                          "under ParameterServerStrategy use fit_on_parameter_servers")
     _check_compiled(model)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    optimizer = model.optimizer
-    if not optimizer.built:
-        # Built here: a tf.function whose first trace makes variables traces again.
-        with strategy.scope():
-            optimizer.build(model.trainable_variables)
-
-    replica_step = _replica_step(model)
+    replica_step = _replica_step(model, strategy)
 
     @tf.function
     def train_step(iterator):
@@ -144,9 +131,17 @@ def fit_across_workers(model, strategy, dataset, epochs, steps_per_epoch, callba
     return _run_epochs(model, run_epoch, epochs, steps_per_epoch, callbacks, verbose)
 
 
-def _replica_step(model):
-    """One replica's step of Keras 3's `fit`: loss, gradients, the optimizer's apply."""
+def _replica_step(model, strategy):
+    """One replica's step of Keras 3's `fit`: loss, gradients, the optimizer's apply.
+
+    Builds the model's optimizer first, in `strategy`'s scope: built in the step's first
+    trace, its variables would make the step trace again.
+    """
     import keras  # noqa: PLC0415 (Keras 3 users only)
+
+    if not model.optimizer.built:
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
 
     def replica_step(batch):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
