@@ -15,7 +15,7 @@ C = tfgc.codecs
 SHAPED = [
     C.Int8(), C.ThreeLC(1.0), C.ThreeLC(1.75, coder="entropy"), C.StochasticTernary(seed=0),
     C.OneBit(), C.Sparsify(0.25), C.TopK(0.05), C.LogQuant(4), C.FastSGD(), C.Quantize(4),
-    C.AdaptiveQuantize(), C.QSGD(4, seed=0),
+    C.AdaptiveQuantize(), C.QSGD(4, seed=0), C.ChunkedTopK(0.05, chunk=64),
 ]
 EVERY = [C.NoCompression(), C.Cast("float16"), C.Cast("bfloat16")] + SHAPED
 # Both refusals carry the same words: at once where the checked value is known while

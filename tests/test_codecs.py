@@ -19,6 +19,7 @@ def all_codecs():
         C.ThreeLC(1.9), C.StochasticTernary(seed=3), C.OneBit(), C.Sparsify(0.25),
         C.Sparsify(0.05), C.TopK(0.01), C.LogQuant(4), C.FastSGD(), C.Quantize(2),
         C.Quantize(8), C.QSGD(4, seed=3), C.ScaledSign(), C.RandomK(0.25, seed=3),
+        C.ChunkedTopK(0.05, chunk=64),
     ]
 
 
@@ -68,6 +69,8 @@ def test_wire_bytes_follow_the_table(rng, codec):
         assert bits == pytest.approx(64 * codec.ratio, rel=0.05)
     elif isinstance(codec, C.RandomK):
         assert bits == pytest.approx(32 * codec.fraction, rel=0.01)
+    elif isinstance(codec, C.ChunkedTopK):
+        assert bits == 8 * codec.payload_nbytes(x.shape) / x.size
     elif isinstance(codec, C.ThreeLC):
         assert bits <= 1.6 + 0.05
 

@@ -96,6 +96,9 @@ def _crafted():
         "Sparsify float64": (C.Sparsify(0.25), {
             "bitmap": bits(HUGE, 1), "values": np.zeros(0, f64), "shape": shape},
             None, lambda c: small(c, f64)),
+        "ChunkedTopK float64": (C.ChunkedTopK(0.02), {
+            "positions": np.zeros(3, np.uint8), "codes": np.zeros(1, np.uint8),
+            "levels": np.zeros(2, f64), "shape": shape}, None, lambda c: small(c, f64)),
         "Sparsify float32": (C.Sparsify(0.25), {
             "bitmap": bits(HUGE, 1), "values": np.zeros(0, f32), "shape": shape},
             None, lambda c: small(c, f32)),
@@ -127,7 +130,7 @@ def _bounded():
         "Sparsify": C.Sparsify(0.25), "TopK": C.TopK(0.5), "LogQuant": C.LogQuant(4),
         "FastSGD": C.FastSGD(), "Quantize": C.Quantize(4), "QSGD": C.QSGD(4, seed=0),
         "RandomK(1.0)": C.RandomK(1.0, seed=0), "RandomK(0.1)": C.RandomK(0.1, seed=0),
-        "ScaledSign": C.ScaledSign(),
+        "ScaledSign": C.ScaledSign(), "ChunkedTopK": C.ChunkedTopK(0.02),
     }
     return {f"{name} {dtype}": (codec, dtype) for name, codec in codecs.items()
             for dtype in ("float32", "float64")}
@@ -266,6 +269,7 @@ needs_proc = pytest.mark.skipif(
 CRAFTED = ["RandomK(1.0)", "RandomK(0.1)", "TopK float64", "ThreeLC(entropy) float64",
            "ThreeLC(zre) float64", "FastSGD float64", "FastSGD rows float64",
            "OneBit float64", "ScaledSign float64", "Sparsify float64", "Sparsify float32",
+           "ChunkedTopK float64",
            "Quantize(2) float64", "LogQuant(2) float64", "QSGD(2) float64",
            "StochasticTernary float64"]
 # Payloads that contradict their declared shape: refused even by a receiver expecting it.

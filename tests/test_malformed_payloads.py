@@ -15,7 +15,7 @@ CODECS = [
     C.NoCompression(), C.Cast("float16"), C.Cast("bfloat16"), C.Int8(), C.ThreeLC(1.0),
     C.ThreeLC(1.75), C.ThreeLC(1.75, coder="entropy"), C.StochasticTernary(seed=0), C.OneBit(), C.Sparsify(0.05), C.TopK(0.05),
     C.LogQuant(), C.FastSGD(), C.Quantize(4), C.QSGD(bits=4, seed=0), C.ScaledSign(),
-    C.RandomK(0.1, seed=0),
+    C.RandomK(0.1, seed=0), C.ChunkedTopK(0.05, chunk=64),
 ]
 TRIALS = 120
 

@@ -10,6 +10,7 @@
 | OneBit                | 3LC Table 1   | 1                           | no       | no         |
 | Sparsify(fraction)    | 3LC Table 1   | 1 + 32 * fraction           | no       | no         |
 | TopK(ratio)           | FastSGD       | 64 * ratio                  | no       | no         |
+| ChunkedTopK(d, chunk) | SparseLoCo    | ~d * (log2(chunk) + 2)      | no       | no         |
 | LogQuant(bits)        | FastSGD       | bits                        | no       | no         |
 | FastSGD(b, tau, l)    | FastSGD       | 8 per kept value + key bits | no       | no         |
 | Quantize(bits)        | MQGrad        | bits (2..8, run-time)       | no       | no         |
@@ -31,6 +32,7 @@ from tfgc.codecs.base import (
     MAX_DECODED_BYTES, MAX_DECODED_ELEMENTS, Codec, MalformedPayloadError, StochasticCodec,
     payload_nbytes,
 )
+from tfgc.codecs.chunked_top_k import ChunkedTopK
 from tfgc.codecs.fastsgd import FastSGD
 from tfgc.codecs.gradiveq import GradiVeQ
 from tfgc.codecs.identity import Cast, NoCompression
@@ -48,7 +50,7 @@ _CODECS = {
     cls.__name__: cls
     for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
                 LogQuant, FastSGD, Quantize, AdaptiveQuantize, QSGD, GradiVeQ, PowerSGD, RandomK,
-                ScaledSign, Signum)
+                ScaledSign, Signum, ChunkedTopK)
 }
 
 
@@ -92,7 +94,7 @@ __all__ = [
     "Codec", "StochasticCodec", "payload_nbytes", "register", "serialize", "deserialize",
     "lookup", "names", "NoCompression", "Cast", "Int8", "ThreeLC", "StochasticTernary",
     "OneBit", "Sparsify", "TopK", "LogQuant", "FastSGD", "Quantize", "AdaptiveQuantize",
-    "QSGD", "GradiVeQ", "PowerSGD", "RandomK", "ScaledSign", "Signum",
+    "QSGD", "GradiVeQ", "PowerSGD", "RandomK", "ScaledSign", "Signum", "ChunkedTopK",
     "MalformedPayloadError",
     "MAX_DECODED_BYTES", "MAX_DECODED_ELEMENTS",
 ]

@@ -8,7 +8,7 @@
 # environment:
 #   JOBS=N        targets run N at a time (default 1)
 #   MAX_LEN=N     libFuzzer -max_len (default 4096)
-#   TARGETS="..." subset of targets (default: all fifteen)
+#   TARGETS="..." subset of targets (default: all sixteen)
 #   CXX=...       compiler (default clang++-14 if present, else clang++)
 #   BUILD_ONLY=1  build and stop
 #   CC_DIR=...    directory holding the cores (zero_run.cc, quartic_rans.cc, ...) and headers
@@ -20,7 +20,7 @@ SECONDS_PER_TARGET="${1:-60}"
 OUT="${2:-/tmp/tfgc-fuzz}"
 JOBS="${JOBS:-1}"
 MAX_LEN="${MAX_LEN:-4096}"
-TARGETS="${TARGETS:-fuzz_zero_run_decode fuzz_zero_run_encode fuzz_unpack_keys fuzz_pack_keys fuzz_bit_packing fuzz_quartic_rans fuzz_quartic_fold fuzz_stochastic_rounding fuzz_log_levels fuzz_log_levels_encode fuzz_sign_bits fuzz_magnitude_filter fuzz_uniform_quantize fuzz_magnitude_select fuzz_row_sums}"
+TARGETS="${TARGETS:-fuzz_zero_run_decode fuzz_zero_run_encode fuzz_unpack_keys fuzz_pack_keys fuzz_bit_packing fuzz_quartic_rans fuzz_quartic_fold fuzz_stochastic_rounding fuzz_log_levels fuzz_log_levels_encode fuzz_sign_bits fuzz_magnitude_filter fuzz_uniform_quantize fuzz_magnitude_select fuzz_row_sums fuzz_chunk_top_k}"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -53,6 +53,7 @@ core_of() {
     fuzz_uniform_quantize) echo "$CC_DIR/uniform_quantize.cc" ;;
     fuzz_magnitude_select) echo "$CC_DIR/magnitude_select.cc $CC_DIR/cpu_isa.cc" ;;
     fuzz_row_sums) echo "$CC_DIR/row_sums.cc" ;;
+    fuzz_chunk_top_k) echo "$CC_DIR/chunk_top_k.cc $CC_DIR/magnitude_select.cc $CC_DIR/cpu_isa.cc" ;;
     *) echo "run.sh: unknown target $1" >&2; return 1 ;;
   esac
 }
@@ -64,7 +65,7 @@ for t in $TARGETS; do
   read -r -a cores <<<"$(core_of "$t")"
   extra=()
   # The selection's sampled path starts at 2^20 values: lowered here to inputs' sizes.
-  [[ "$t" == fuzz_magnitude_select ]] && \
+  [[ "$t" == fuzz_magnitude_select || "$t" == fuzz_chunk_top_k ]] && \
     extra=(-DTFGC_SELECT_BRACKET_MIN_VALUES=128 -DTFGC_SELECT_SAMPLE_SIZE=64)
   "$CXX" "${CXXFLAGS[@]}" "${extra[@]}" "$HERE/$t.cc" "${cores[@]}" -o "$OUT/bin/$t"
 done
