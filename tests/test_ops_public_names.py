@@ -17,6 +17,7 @@ WRAPPERS = {
     "log_levels_encode": "(x, largest, bits)",
     "magnitude_filter": "(v, factor)",
     "magnitude_select": "(x, wanted, positions='bitmap', non_finite_in_wanted=False)",
+    "momentum_sign_bits_encode": "(momentum, x, beta)",
     "pack_bits": "(codes, bits)",
     "pack_keys": "(keys, flag_bits=2)",
     "positions_expand": "(positions, values, n)",

@@ -264,6 +264,43 @@ print(tfgc_ops.sign_bits_encode(x)[1].numpy().tobytes().hex())
     assert run_python(script, 120, ["1"]) == run_python(script, 120, ["4"])
 
 
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 65_535, 65_536 * 2 + 13])
+def test_momentum_sign_bits_encode_is_the_update_then_its_sign_bits(rng, size):
+    # Signum's step: beta * momentum + x rounded as numpy's float32 multiply then add
+    # round it (no fused multiply-add), then sign_bits_encode of it, bit for bit.
+    momentum = (rng.standard_t(3, size) * 1e3).astype(np.float32)
+    x = values(rng, size)
+    x[: size // 7] = 0.0
+    momentum[: size // 5] = 0.0
+    if size > 3:
+        x[3], momentum[3] = -0.0, -0.0
+    for beta in (0.9, 0.0, 0.999):
+        updated, packed, sums, counts = tfgc_ops.momentum_sign_bits_encode(momentum, x, beta)
+        expected = np.float32(beta) * momentum + x
+        np.testing.assert_array_equal(updated.numpy().view(np.uint32), expected.view(np.uint32))
+        expected_packed, expected_sums, expected_counts = tfgc_ops.sign_bits_encode(expected)
+        np.testing.assert_array_equal(packed.numpy(), expected_packed.numpy())
+        np.testing.assert_array_equal(sums.numpy().view(np.uint64),
+                                      expected_sums.numpy().view(np.uint64))
+        np.testing.assert_array_equal(counts.numpy(), expected_counts.numpy())
+        np.testing.assert_array_equal(packed.numpy(), ref.sign_bits_encode(expected)[0])
+
+
+def test_momentum_sign_bits_encode_passes_non_finite_values_on_and_checks_its_inputs():
+    momentum = np.array([1.0, 3.0e38, -1.0, 0.0, np.nan], np.float32)
+    x = np.array([1.0, 3.0e38, np.inf, -0.0, 1.0], np.float32)
+    updated, packed, sums, counts = tfgc_ops.momentum_sign_bits_encode(momentum, x, 0.5)
+    np.testing.assert_array_equal(updated.numpy(), [1.5, np.inf, np.inf, 0.0, np.nan])
+    assert np.isinf(sums.numpy()[0]) and np.isnan(sums.numpy()[1])
+    np.testing.assert_array_equal(counts.numpy(), [4, 1])
+    np.testing.assert_array_equal(packed.numpy(), [0b11110000])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="momentum has 4 values, x 5"):
+        tfgc_ops.momentum_sign_bits_encode(momentum[:4], x, 0.5)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="1-D|rank"):
+        tfgc_ops.momentum_sign_bits_encode(np.zeros([2, 2], np.float32),
+                                           np.zeros([2, 2], np.float32), 0.5)
+
+
 def test_sign_bits_encode_refuses_what_is_not_a_vector():
     with pytest.raises(tf.errors.InvalidArgumentError, match="sign_bits_encode.*1-D"):
         tfgc_ops.sign_bits_encode(np.zeros([2, 2], np.float32))
@@ -302,19 +339,26 @@ def test_magnitude_select_matches_the_reference(rng, size, non_finite_in_wanted)
             np.testing.assert_array_equal(kept.numpy(), x[keep])
 
 
-# From 2^20 values the AVX2 selection predicts the threshold from a strided sample and
-# reads the values once (falling back to the histograms where the sample misleads).
+# From 2^20 values the AVX2 selection predicts the threshold from a sample (one value at
+# a hashed offset in each stride) and reads the values once (falling back to the histograms where the sample misleads).
 BRACKETED_SIZE = (1 << 20) + 13
 
 
 def misleading_samples(rng, size):
-    """Tensors whose strided sample misses the values that decide the threshold: large
-    values everywhere but at multiples of the sample's stride, and ten huge ones."""
+    """Tensors that a sample may mislead about the values that decide the threshold:
+    large values everywhere but at multiples of the sample's stride, ten huge ones, and
+    tiled gradients (many values equal, repeating with a period that divides the
+    stride: a sample at multiples of the stride would see a few of them)."""
     stride = size // 32768
     period = np.where(np.arange(size) % stride == 0, 1e-6, 1.0).astype(np.float32)
     spikes = values(rng, size)
     spikes[rng.choice(size, 10, replace=False)] = 1e3
-    return [(period * rng.random(size)).astype(np.float32), spikes]
+    return [(period * rng.random(size)).astype(np.float32), spikes] + tiled(rng, size)
+
+
+def tiled(rng, size):
+    """Tie-heavy tensors: 4096 gradient values tiled, and 64 values tiled."""
+    return [np.resize(values(rng, period), size) for period in (4096, 64)]
 
 
 @pytest.mark.parametrize("non_finite_in_wanted", [False, True])
@@ -334,33 +378,39 @@ import sys
 import numpy as np
 import tfgc_ops
 data = np.load(sys.argv[1])
-x, big = data["x"], data["big"]
+x, big, tiled = data["x"], data["big"], data["tiled"]
 out = {}
+out["sign_bits"] = np.concatenate([t.numpy().view(np.uint8) for t in tfgc_ops.sign_bits_encode(x)])
+out["momentum_sign_bits"] = np.concatenate(
+    [t.numpy().view(np.uint8) for t in tfgc_ops.momentum_sign_bits_encode(big[: x.size], x, 0.9)])
 for bits in (2, 4, 8):
     for bucket in (7, 512):
         norms = tfgc_ops.qsgd_norms(x, bucket)
         out[f"qsgd{bits}_{bucket}"] = tfgc_ops.qsgd_encode(x, norms, [5, 6], bits, bucket).numpy()
     out[f"pack{bits}"] = tfgc_ops.pack_bits(data["codes"] % 2**bits, bits).numpy()
-for name, t in (("x", x), ("big", big)):
+for name, t in (("x", x), ("big", big), ("tiled", tiled)):
     for wanted in (1, t.size // 100, t.size // 20):
         bitmap, kept, dense = tfgc_ops.magnitude_select(t, wanted)
         indices = tfgc_ops.magnitude_select(t, wanted, positions="indices")[0]
+        expanded = tfgc_ops.bitmap_expand(bitmap, kept, t.size)
         out[f"select_{name}_{wanted}"] = np.concatenate(
             [bitmap.numpy().view(np.uint8), kept.numpy().view(np.uint8),
-             dense.numpy().view(np.uint8), indices.numpy().view(np.uint8)])
+             dense.numpy().view(np.uint8), indices.numpy().view(np.uint8),
+             expanded.numpy().view(np.uint8)])
 np.savez(sys.argv[2], **out)
 """
 
 
 def test_codec_loops_capped_to_sse2_write_what_the_avx2_loops_write(rng, tmp_path, run_python):
     # TFGC_CODEC_ISA=sse2 makes a process take the loops that CPUs without AVX2 run
-    # (QSGD's codes, 4- and 8-bit packing, the selection and its write pass): the same
+    # (QSGD's codes, 4- and 8-bit packing, the sign bits and their sums, Signum's step,
+    # the selection and its write pass, on a tie-heavy tiled gradient too): the same
     # bytes as this process's loops, whichever those are.
     x = values(rng, 100_003)
     x[rng.random(x.size) < 0.01] = np.nan
     big = values(rng, BRACKETED_SIZE)
     codes = rng.integers(0, 256, 100_003).astype(np.int32)
-    np.savez(tmp_path / "data.npz", x=x, big=big, codes=codes)
+    np.savez(tmp_path / "data.npz", x=x, big=big, codes=codes, tiled=tiled(rng, BRACKETED_SIZE)[0])
     capped = tmp_path / "capped.npz"
     run_python(_CODEC_LOOPS, timeout=120, args=[tmp_path / "data.npz", capped],
                env={"TFGC_CODEC_ISA": "sse2"})
@@ -388,6 +438,18 @@ def test_bitmap_expand_inverts_the_selection(rng, size):
         bitmap, kept, dense = tfgc_ops.magnitude_select(x, size // 20)
         np.testing.assert_array_equal(tfgc_ops.bitmap_expand(bitmap, kept, size).numpy(),
                                       dense.numpy())
+
+
+@pytest.mark.parametrize("size", [1, 8, 63, 64, 65, 1001, 100_003])
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 0.97, 1.0])
+def test_bitmap_expand_of_any_bitmap_matches_numpy(rng, size, density):
+    # Any bits and any float bits (NaN payloads, -0.0) come back exactly where selected.
+    selected = rng.random(size) < density
+    kept = rng.integers(0, 2**32, int(selected.sum()), dtype=np.uint32).view(np.float32)
+    expected = np.zeros(size, np.float32)
+    expected[selected] = kept
+    dense = tfgc_ops.bitmap_expand(np.packbits(selected), kept, size).numpy()
+    np.testing.assert_array_equal(dense.view(np.uint32), expected.view(np.uint32))
 
 
 def test_bitmap_expand_refuses_sizes_that_disagree():

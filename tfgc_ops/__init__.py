@@ -7,7 +7,8 @@
   keys             FastSGD's key bit-packing
   bits             the packing of small codes into bytes (the quantizers' payloads)
   sparse           exact top-k selection, FastSGD's threshold filter, sparse row sums
-  quantize         a tensor's range, uniform quantization, OneBit's sign bits, LogQuant
+  quantize         a tensor's range, uniform quantization, OneBit's sign bits (and
+                   Signum's momentum step with them), LogQuant
   stochastic       stochastic rounding (QSGD, stochastic 3-values) with draws that depend
                    only on a seed and each value's index
 
@@ -22,7 +23,8 @@ from tfgc_ops._load import library_path
 from tfgc_ops.bits import pack_bits, unpack_bits
 from tfgc_ops.keys import MAX_FLAG_BITS, MIN_FLAG_BITS, check_flag_bits, pack_keys, unpack_keys
 from tfgc_ops.quantize import (
-    log_levels_decode, log_levels_encode, sign_bits_encode, uniform_quantize, value_range,
+    log_levels_decode, log_levels_encode, momentum_sign_bits_encode, sign_bits_encode,
+    uniform_quantize, value_range,
 )
 from tfgc_ops.quartic import (
     batch_largest_magnitude, batch_quartic_fold, batch_quartic_unfold, largest_magnitude,
@@ -46,8 +48,8 @@ __all__ = [
     # sparse
     "magnitude_select", "bitmap_expand", "positions_expand", "magnitude_filter", "row_sums",
     # quantize
-    "value_range", "uniform_quantize", "sign_bits_encode", "log_levels_encode",
-    "log_levels_decode",
+    "value_range", "uniform_quantize", "sign_bits_encode", "momentum_sign_bits_encode",
+    "log_levels_encode", "log_levels_decode",
     # stochastic
     "qsgd_norms", "qsgd_encode", "qsgd_decode", "stochastic_ternary_fold",
     # _load

@@ -1,13 +1,14 @@
 """Deterministic quantizers: a vector's range and uniform quantization
-(cc/uniform_quantize*), OneBit's sign bits (cc/sign_bits*), and LogQuant's sign-level codes
+(cc/uniform_quantize*), OneBit's sign bits and Signum's
+momentum step (cc/sign_bits*), and LogQuant's sign-level codes
 (cc/log_levels*)."""
 import tensorflow as tf
 
 from tfgc_ops._inputs import TensorLike, as_bytes
 from tfgc_ops._load import ops as _ops
 
-__all__ = ["value_range", "uniform_quantize", "sign_bits_encode", "log_levels_encode",
-           "log_levels_decode"]
+__all__ = ["value_range", "uniform_quantize", "sign_bits_encode", "momentum_sign_bits_encode",
+           "log_levels_encode", "log_levels_decode"]
 
 
 def value_range(x: TensorLike) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -57,6 +58,29 @@ def sign_bits_encode(x: TensorLike) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
       values each sum holds (`reference_ops.sign_bits_encode`).
     """
     return _ops.tfgc_sign_bits_encode(tf.convert_to_tensor(x, tf.float32))
+
+
+def momentum_sign_bits_encode(
+        momentum: TensorLike, x: TensorLike,
+        beta: TensorLike) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Signum's sender step on 1-D float32 tensors in one pass: the updated momentum and
+    `sign_bits_encode` of it.
+
+    updated = beta * momentum + x in float32, the product rounded and then the sum (as
+    TensorFlow's multiply then add round them: `beta * momentum + x` gives the same
+    floats).
+
+    Args:
+      momentum, x: 1-D float32 tensors of one length.
+      beta: float32 scalar.
+
+    Returns:
+      (updated, packed, sums, counts): float32 like x, and `sign_bits_encode(updated)`
+      bit for bit.
+    """
+    return _ops.tfgc_momentum_sign_bits_encode(tf.convert_to_tensor(momentum, tf.float32),
+                                                tf.convert_to_tensor(x, tf.float32),
+                                                tf.convert_to_tensor(beta, tf.float32))
 
 
 def log_levels_encode(x: TensorLike, largest: TensorLike,

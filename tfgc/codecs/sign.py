@@ -25,6 +25,11 @@ class ScaledSign(base.ReconstructingCodec):
         x = base.check_floating(x, self.name)
         flat = tf.reshape(tf.cast(x, tf.float32), [-1])
         data, sums, _ = tfgc_ops.sign_bits_encode(flat)
+        return self._sign_payload(x, flat, data, sums)
+
+    def _sign_payload(self, x, flat, data, sums):
+        """The payload and reconstruction of x (float32 values `flat`) from its sign bits
+        and side sums (`tfgc_ops.sign_bits_encode`)."""
         n = tf.cast(tf.maximum(tf.size(flat), 1), tf.float64)
         finite = tf.reduce_all(tf.math.is_finite(sums))
         scale = base.nan_unless(finite, tf.cast((sums[0] - sums[1]) / n, tf.float32))
@@ -144,11 +149,26 @@ class SignumLayer(tf.Module, ScaledSign):
             raise ValueError(f"{self.name} was bound to a tensor of shape {self.shape}, "
                              f"got {x.shape}")
         old = self.momentum.read_value()
+        if x.dtype == tf.float32:
+            # One C++ pass: the new momentum, its sign bits and side sums (the floats,
+            # bits and sums of the TensorFlow ops below, which took 3-4 passes more).
+            new, data, sums, _ = tfgc_ops.momentum_sign_bits_encode(
+                tf.reshape(old, [-1]), tf.reshape(x, [-1]), self.settings.momentum)
+            finite = tf.reduce_all(tf.math.is_finite(sums))  # every new value is finite
+            kept = tf.cond(finite, lambda: self._keep(tf.reshape(new, self.shape)),
+                           lambda: tf.constant(False))
+            with tf.control_dependencies([kept]):
+                return self._sign_payload(x, new, data, sums)
         new = self.settings.momentum * old + tf.cast(x, tf.float32)
         kept = self.momentum.assign(tf.where(base.all_finite(new), new, old))
         with tf.control_dependencies([kept]):
             payload, sent = ScaledSign.encode_and_reconstruct(self, tf.cast(new, x.dtype))
         return payload, sent
+
+    def _keep(self, momentum):
+        """Assigns the new momentum; True once it is assigned."""
+        with tf.control_dependencies([self.momentum.assign(momentum, read_value=False)]):
+            return tf.constant(True)
 
     def combine(self, decodings):
         """The senders' decodings summed, or with `majority_vote` the sign of the sum of

@@ -100,8 +100,21 @@ constexpr int64_t kBracketMinValues = TFGC_SELECT_BRACKET_MIN_VALUES;
 constexpr int64_t kSampleSize = TFGC_SELECT_SAMPLE_SIZE;
 static_assert(kSampleSize <= kBracketMinValues, "the sample's stride must be at least 1");
 
+// Sample k's offset in its stride, in [0, stride): a hash of k, so that the sample
+// does not alias with an input that repeats with a period dividing the stride (a tiled
+// gradient, where sample positions k * stride would see a few of its values only).
+inline int64_t SampleOffset(int64_t k, int64_t stride) {
+  uint32_t h = static_cast<uint32_t>(k) * 0x9E3779B9u;  // lowbias32 of k's Weyl step
+  h ^= h >> 16;
+  h *= 0x7FEB352Du;
+  h ^= h >> 15;
+  h *= 0x846CA68Bu;
+  h ^= h >> 16;
+  return static_cast<int64_t>((static_cast<uint64_t>(h) * static_cast<uint64_t>(stride)) >> 32);
+}
+
 // The selection, with AVX2, in one pass over x where a sample predicts the threshold:
-// the threshold's rank among a strided sample of patterns, with a margin of eight
+// the threshold's rank among a sample of patterns, with a margin of eight
 // standard deviations of a sampled rank, gives patterns lo <= hi; one pass counts the
 // values above hi (and the zeros and non-finite ones) and keeps the patterns in
 // [lo, hi], among which the histograms find the threshold. False (nothing set) where
@@ -116,7 +129,7 @@ __attribute__((target("avx2"))) bool SelectInBracket(const float* x, int64_t n, 
   std::vector<uint32_t> sample(kSampleSize);
   int64_t sample_non_finite = 0;
   for (int64_t k = 0; k < kSampleSize; ++k) {
-    sample[k] = Pattern(x[k * stride]);
+    sample[k] = Pattern(x[k * stride + SampleOffset(k, stride)]);
     sample_non_finite += sample[k] >= kFirstNonFinite;
   }
   // The threshold's expected rank from the top of every pattern, non-finite included.
@@ -140,6 +153,12 @@ __attribute__((target("avx2"))) bool SelectInBracket(const float* x, int64_t n, 
                                                                 : pattern_of_rank(high_rank));
   const uint32_t lo = std::max(1u, low_rank > kSampleSize ? 1u : pattern_of_rank(low_rank));
   if (lo > hi) return false;
+  // Many values equal to lo or hi (ties) put more in [lo, hi] than the margin allows
+  // for: where the sample holds more than twice the margin there, the pass would
+  // overflow its room, so the histograms of every value take it from the start.
+  int64_t sampled_inside = 0;
+  for (const uint32_t p : sample) sampled_inside += (p >= lo) & (p <= hi);
+  if (static_cast<double>(sampled_inside) > 4.0 * margin) return false;
 
   // Room for twice the expected candidates: more means the sample misled.
   const int64_t expected = static_cast<int64_t>(2.0 * margin * stride);
@@ -494,6 +513,48 @@ __attribute__((target("avx2"))) void WriteSomeAvx2(const float* x, int64_t n,
 
 #endif  // __x86_64__
 
+#if defined(__x86_64__)
+
+// For each 8-bit mask (bit k: lane k is selected), the rank of each selected lane among
+// the selected ones (the others 0, masked out): the permutation that moves a group's next
+// values to the lanes they decode to.
+constexpr struct ExpandOrder {
+  uint8_t lanes[256][8];
+  constexpr ExpandOrder() : lanes() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int rank = 0;
+      for (int lane = 0; lane < 8; ++lane) {
+        if (mask >> lane & 1) lanes[mask][lane] = static_cast<uint8_t>(rank++);
+      }
+    }
+  }
+} kExpandOrder;
+
+// Expand's whole bytes with AVX2, while eight of the `count` values remain to be read:
+// each byte's eight outputs in one store (the selected lanes from one load and one
+// permutation, zeros elsewhere), so no pass fills the zeros first. Returns the bytes
+// done (out[0, 8 * bytes) written) and sets *next to the values they used.
+__attribute__((target("avx2"))) int64_t ExpandAvx2(const uint8_t* bitmap, int64_t n,
+                                                   const float* values, int64_t count,
+                                                   float* out, int64_t* next) {
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  int64_t byte = 0, used = 0;
+  for (; 8 * byte + 8 <= n && used + 8 <= count; ++byte) {
+    const unsigned mask = kReversed.of[bitmap[byte]];  // bit k: position 8 * byte + k
+    const __m256i order = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kExpandOrder.lanes[mask])));
+    const __m256i selected = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(mask)), lane_bits), lane_bits);
+    const __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(values + used), order);
+    _mm256_storeu_ps(out + 8 * byte, _mm256_and_ps(v, _mm256_castsi256_ps(selected)));
+    used += __builtin_popcount(mask);
+  }
+  *next = used;
+  return byte;
+}
+
+#endif  // __x86_64__
+
 using Writer = void (*)(const float*, int64_t, const Selection&, const Outputs&);
 
 template <int... kOutputs>
@@ -529,9 +590,12 @@ int64_t CountSelected(const uint8_t* bitmap, int64_t n) {
 }
 
 void Expand(const uint8_t* bitmap, int64_t n, const float* values, float* out) {
-  std::fill(out, out + n, 0.0f);
-  int64_t next = 0;
-  for (int64_t byte = 0; byte * 8 < n; ++byte) {
+  int64_t byte = 0, next = 0;
+#if defined(__x86_64__)
+  if (UseAvx2()) byte = ExpandAvx2(bitmap, n, values, CountSelected(bitmap, n), out, &next);
+#endif
+  std::fill(out + 8 * byte, out + n, 0.0f);
+  for (; byte * 8 < n; ++byte) {
     // Bit j of the reversed byte is position 8 * byte + j; padding bits past n drop.
     unsigned bits = kReversed.of[bitmap[byte]];
     if (byte * 8 + 8 > n) bits &= (1u << (n - byte * 8)) - 1;

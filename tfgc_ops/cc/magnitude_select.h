@@ -6,11 +6,12 @@
 // all values (8 KiB of counts per copy, four interleaved copies: 32 KiB, L1-sized, where
 // a 2^16-bin histogram takes 256 KiB), then the values of the chosen bin only, on the
 // next 10 bits and the last 10. Zeros are never selected; values that are not finite
-// always are. From 2^20 values on a CPU with AVX2, a strided sample of 2^15 patterns
-// first predicts a narrow range that holds the threshold: one pass then counts the
-// values above it and keeps those inside, and the histograms run on those only; where
-// the prediction misses, the selection falls back to the histograms of every value, so
-// the result never depends on the sample.
+// always are. From 2^20 values on a CPU with AVX2, a sample of 2^15 patterns (one at a
+// hashed offset in each of 2^15 equal strides) first predicts a narrow range that holds
+// the threshold: one pass then counts the values above it and keeps those inside, and
+// the histograms run on those only; where the sample puts too many values in the range
+// (ties), the histograms of every value run from the start, and where the prediction
+// misses, the selection falls back to them, so the result never depends on the sample.
 //
 // The selection is "every finite value with p > threshold, and the first `ties` values
 // (in position order) with p == threshold", plus the non-finite ones. `Write` applies it
@@ -54,7 +55,9 @@ void Write(const float* x, int64_t n, const Selection& selection, const Outputs&
 int64_t CountSelected(const uint8_t* bitmap, int64_t n);
 
 // The inverse of a bitmap and values: out[i] = the next of `values` where bit i is set,
-// else 0, for i in [0, n). `values` must hold CountSelected(bitmap, n) floats.
+// else 0, for i in [0, n). `values` must hold CountSelected(bitmap, n) floats. With
+// AVX2, each bitmap byte's eight outputs are one permutation of the next values and one
+// store (no separate pass of zeros).
 void Expand(const uint8_t* bitmap, int64_t n, const float* values, float* out);
 
 // True when `positions` [0, count) are strictly ascending and lie in [0, n): what
