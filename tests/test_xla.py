@@ -16,7 +16,7 @@ SETTINGS = {
     "LogQuant": C.LogQuant(4), "FastSGD": C.FastSGD(), "Quantize": C.Quantize(4),
     "AdaptiveQuantize": C.AdaptiveQuantize(), "QSGD": C.QSGD(4), "GradiVeQ": C.GradiVeQ(),
     "PowerSGD": C.PowerSGD(2), "RandomK": C.RandomK(0.1), "ScaledSign": C.ScaledSign(),
-    "Signum": C.Signum(),
+    "Signum": C.Signum(), "ChunkedTopK": C.ChunkedTopK(),
 }
 # A dense kernel and a conv kernel, both above the default min_elements.
 SHAPES = ([64, 64], [3, 3, 16, 16])
