@@ -36,7 +36,7 @@ PRIVATE_NAMES = frozenset({
     "_steps_per_execution",
     # Keras 3
     "_all_reduce_sum_gradients", "_get_variable_index", "_trainable_variables",
-    "_iterations",
+    "_iterations", "_distributed_tf_update_step", "_distribution_strategy",
 })
 
 

@@ -173,7 +173,7 @@ def _add(x, residual):
 def feedback_step(codec, x, residual, accumulate=_add):
     """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent).
     `accumulate(x, residual value)` is step 1."""
-    total = accumulate(x, residual)
+    total = accumulate(x, residual.read_value())
     payload, sent = codec.encode_and_reconstruct(total)
     _keep_unsent(total, sent, residual)
     return payload, sent

@@ -25,7 +25,7 @@ from tfgc._compat._registry import (
 )
 from tfgc._compat.keras3_hooks import (
     KERAS3_ALL_REDUCE_SUM_GRADIENTS, keras3_iterations_variable, keras3_num_variables,
-    keras3_tf_optimizer, keras3_variable_index,
+    keras3_tf_optimizer, keras3_update_step, keras3_variable_index,
 )
 from tfgc._compat.tensorflow_hooks import (
     RESOURCE_VARIABLE_OVERRIDES, TRACKABLE_CHILDREN, VARIABLE_VALUE_KEY,
@@ -33,7 +33,8 @@ from tfgc._compat.tensorflow_hooks import (
     UnliftedInitializerVariable,
     caching_variable_inner, distribute_strategy_of, eager_context, eager_mode,
     export_to_saved_model_graph, in_save_context, in_xla_context, init_variable_from_handle,
-    is_function_graph, is_savedmodel_save, ps_num_workers, resource_handle,
+    is_function_graph, is_savedmodel_save, maybe_merge_call, ps_num_workers, resource_handle,
+    smart_cond, strategy_supports_no_merge_call,
     name_per_worker_copies, set_parent_trackable, set_sharded_container, synchronous_executor, trackable_children,
     unwrap_caching_variable, variable_accessed,
 )

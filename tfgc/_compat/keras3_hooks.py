@@ -11,11 +11,16 @@ KERAS3_ALL_REDUCE_SUM_GRADIENTS = "_all_reduce_sum_gradients"
 
 @_hook("keras3_tf_optimizer", "keras",
        "keras.src.backend.tensorflow.optimizer.TFOptimizer with _all_reduce_sum_gradients, "
+       "_backend_update_step and _distributed_tf_update_step, "
        "and keras.src.optimizers.base_optimizer.BaseOptimizer's _get_variable_index, "
        "_trainable_variables and _iterations")
 def _probe_keras3_tf_optimizer():
     optimizer = _module("keras.src.backend.tensorflow.optimizer").TFOptimizer
     _method(optimizer, KERAS3_ALL_REDUCE_SUM_GRADIENTS)
+    # tfgc's Keras 3 optimizer also overrides `_backend_update_step` (the sum, then the
+    # update unless a gradient arrived non-finite), which calls the other.
+    _method(optimizer, "_backend_update_step")
+    _method(optimizer, "_distributed_tf_update_step")
     _method(optimizer, "_get_variable_index")
     return optimizer
 
@@ -33,6 +38,23 @@ def keras3_tf_optimizer():
     import keras  # noqa: F401, PLC0415  (not installed: ImportError, not a version error)
 
     return _internal("keras3_tf_optimizer")
+
+
+def keras3_update_step(optimizer, grads_and_vars, learning_rate):
+    """Updates `optimizer`'s variables with (gradient, variable) pairs already summed
+    across replicas, from replica context, as Keras 3's `_backend_update_step` does
+    after its sum.
+
+    Relies on `TFOptimizer._distributed_tf_update_step` and the optimizer's
+    `_distribution_strategy`.
+    """
+    from tfgc._compat.tensorflow_hooks import maybe_merge_call  # noqa: PLC0415
+
+    _internal("keras3_tf_optimizer")
+    return maybe_merge_call(
+        optimizer._distributed_tf_update_step,  # noqa: SLF001
+        optimizer._distribution_strategy,  # noqa: SLF001
+        grads_and_vars, learning_rate)
 
 
 def keras3_variable_index(optimizer, variable):

@@ -176,6 +176,19 @@ def _probe_synchronous_executor():
             pywrap_tfe.TFE_ContextSetExecutorForThread, context.context)
 
 
+@_hook("merge_calls", "tensorflow",
+       "tf.__internal__.distribute.strategy_supports_no_merge_call, "
+       "tf.__internal__.distribute.interim.maybe_merge_call and "
+       "tf.__internal__.smart_cond.smart_cond (how Keras's optimizers and loss-scale "
+       "optimizers leave replica context and take a condition there)")
+def _probe_merge_calls():
+    import tensorflow as tf  # noqa: PLC0415
+
+    internal = tf.__internal__
+    return (internal.distribute.strategy_supports_no_merge_call,
+            internal.distribute.interim.maybe_merge_call, internal.smart_cond.smart_cond)
+
+
 @_hook("ps_num_workers", "tensorflow",
        "the `_num_workers` attribute of ParameterServerStrategy")
 def _probe_ps_num_workers():
@@ -372,6 +385,32 @@ def caching_variable_inner(wrapper):
 def unwrap_caching_variable(variable):
     """`variable` without ParameterServerStrategy's `CachingVariable` wrapper, if any."""
     return variable.get() if isinstance(variable, CachingVariable) else variable
+
+
+def strategy_supports_no_merge_call():
+    """Whether the strategy in scope runs an optimizer's update in replica context
+    (without `merge_call`): no strategy, or XLA on GPUs.
+
+    Relies on `tf.__internal__.distribute.strategy_supports_no_merge_call`.
+    """
+    return _resolved["merge_calls"][0]()
+
+
+def maybe_merge_call(fn, strategy, *args, **kwargs):
+    """`fn(strategy, *args, **kwargs)` from replica context, through `merge_call` where
+    the strategy needs it (as Keras's optimizers apply gradients).
+
+    Relies on `tf.__internal__.distribute.interim.maybe_merge_call`.
+    """
+    return _resolved["merge_calls"][1](fn, strategy, *args, **kwargs)
+
+
+def smart_cond(pred, true_fn, false_fn):
+    """`tf.cond`, or the branch itself where `pred` is known while tracing.
+
+    Relies on `tf.__internal__.smart_cond.smart_cond`.
+    """
+    return _resolved["merge_calls"][2](pred, true_fn, false_fn)
 
 
 def ps_num_workers(strategy):

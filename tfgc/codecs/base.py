@@ -5,8 +5,9 @@ side needs; its bytes are exactly what crosses the wire (`payload_nbytes`).
 
 Non-finite policy (every codec): a tensor holding NaN or Inf is not data but a failed
 step. It encodes to a payload whose decoding is still non-finite (quantizing codecs send
-a NaN scale, so every element decodes to NaN), so a downstream check such as a loss-scale
-optimizer sees the failure; `ErrorFeedback` leaves its residual untouched for that step.
+a NaN scale, so every element decodes to NaN), so a downstream check sees the failure (a
+`DistributedOptimizer` skips a step whose decoded gradients are not finite:
+tfgc.optimizer.finite_steps); `ErrorFeedback` leaves its residual untouched for that step.
 
 Payloads are checked before they are decoded: see `tfgc.codecs.validation`.
 """

@@ -71,6 +71,11 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     step whose scaled gradients are not finite on some replica is skipped on every
     replica, residuals untouched.
 
+    With or without one, a step whose decoded gradients are not finite (a NaN or Inf
+    gradient, or a finite one that an encode or the replicas' sum overflowed) is
+    skipped on every replica: weights, slots and residuals stay, `iterations` counts it
+    (see tfgc.optimizer.finite_steps; not under ParameterServerStrategy).
+
     Args:
       optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`), or a Keras 3
         optimizer for single-process and all-reduce training (see

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfgc import _compat
 from tfgc.distribute import is_parameter_server
+from tfgc.optimizer import finite_steps
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 HOOK = _compat.KERAS3_ALL_REDUCE_SUM_GRADIENTS
@@ -106,6 +107,26 @@ class _Keras3Mixin(CompressingBase):
     def _all_reduce_sum_gradients(self, grads_and_vars):
         # Under parameter servers: one worker's own gradients, pushed compressed.
         return self._send_all(tf.distribute.get_strategy(), grads_and_vars, aggregate=True)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        # Keras's (keras/src/backend/tensorflow/optimizer.py), with the gradient sum
+        # replaced as `_all_reduce_sum_gradients` replaces it, and the update skipped
+        # when a gradient arrives non-finite (tfgc.optimizer.finite_steps); Keras's
+        # `apply` counts the step either way.
+        import keras  # noqa: PLC0415
+
+        variables = [v.value if isinstance(v, keras.Variable) else v
+                     for v in trainable_variables]
+        strategy = tf.distribute.get_strategy()
+        pairs, finite = finite_steps.send_checked(
+            self, strategy, list(zip(grads, variables)), aggregate=True)
+        variables = [v for _, v in pairs]
+
+        def update(received):
+            _compat.keras3_update_step(self, list(zip(received, variables)), learning_rate)
+
+        finite_steps.apply_unless_not_finite(finite, [g for g, _ in pairs], update,
+                                             lambda: None)
 
 
 def _count_steps_atomically(iterations):

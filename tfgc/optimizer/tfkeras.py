@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tfgc import _compat, local_steps
 from tfgc.distribute import is_parameter_server
-from tfgc.optimizer import local_steps_ps
+from tfgc.optimizer import finite_steps, local_steps_ps
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
 from tfgc.server_variables import created_by_name
@@ -137,12 +137,28 @@ class _CompressingMixin(CompressingBase):
             self._warn_aggregated_elsewhere(strategy)
             return super().apply_gradients(
                 grads_and_vars, name=name, skip_gradients_aggregation=True, **kwargs)
-        pairs = self._send_all(strategy, grads_and_vars, aggregate)
+        pairs, finite = finite_steps.send_checked(self, strategy, grads_and_vars, aggregate)
         # Every wire delivers gradients ready to apply: aggregated across replicas
-        # where that was asked for, or one worker's own under parameter servers.
-        return super().apply_gradients(
-            pairs, name=name, skip_gradients_aggregation=True, **kwargs
-        )
+        # where that was asked for, or one worker's own under parameter servers. A step
+        # that arrives non-finite is skipped (tfgc.optimizer.finite_steps).
+        if finite is None:
+            return super().apply_gradients(
+                pairs, name=name, skip_gradients_aggregation=True, **kwargs
+            )
+        pairs = [(g, v) for g, v in pairs if g is not None]
+        variables = [v for _, v in pairs]
+        apply_gradients = super().apply_gradients
+
+        def apply(grads):
+            apply_gradients(list(zip(grads, variables)), name=name,
+                            skip_gradients_aggregation=True, **kwargs)
+
+        def skip():
+            # As a loss-scale optimizer's skip: the step counts, nothing else moves.
+            self.iterations.assign_add(1, read_value=False)
+
+        finite_steps.apply_unless_not_finite(finite, [g for g, _ in pairs], apply, skip)
+        return self.iterations
 
     def _apply_locally(self, strategy, grads_and_vars, name, kwargs, variables):
         """A local step: each replica's own gradients update its own copy
