@@ -47,7 +47,7 @@ _active = threading.local()  # the stack of CompressedPulls scopes entered in th
 # Per strategy, the DistributedOptimizers with pull_compression made under it, each with
 # when it was made (owners are numbered from the same count): the pull settings way 3 of
 # the module docstring reads.
-_offers = weakref.WeakKeyDictionary()  # strategy -> WeakKeyDictionary(optimizer -> number)
+_offers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # strategy -> WeakKeyDictionary(optimizer -> number)
 _made = itertools.count()
 
 
@@ -347,13 +347,13 @@ def get_variable(name: str, shape: Sequence[int], dtype: tf.DType = tf.float32,
     """
     import tf_keras  # noqa: PLC0415  (tfgc's pulls need tf_keras)
 
-    shape = tf.TensorShape(shape)
-    if not shape.is_fully_defined():
-        raise ValueError(f"get_variable needs a fully defined shape, got {shape}")
+    static = tf.TensorShape(shape)
+    if not static.is_fully_defined():
+        raise ValueError(f"get_variable needs a fully defined shape, got {static}")
     if pulls is None:
         pulls = _scopes()[-1] if _scopes() else CompressedPulls()
     init = tf_keras.initializers.get(initializer)
     with buffers():  # made as it is here, and adopted by `pulls` below
-        master = tf.Variable(lambda: init(shape, dtype), dtype=dtype, name=name,
+        master = tf.Variable(lambda: init(static, dtype), dtype=dtype, name=name,
                              trainable=trainable)
     return pulls.adopt(master, min_elements=0)

@@ -60,7 +60,7 @@ def by_name(variable):
     return NamedServerVariable(variable)
 
 
-class NamedServerVariable(_compat.ResourceVariable):
+class NamedServerVariable(_compat.ResourceVariable):  # type: ignore[misc,valid-type]  # a class the fence resolves at import
     """A copy of a parameter-server variable whose resource has a name (see the module).
 
     Args:
@@ -163,7 +163,7 @@ class _GraphHandles:
         return handle
 
 
-class _NamedCachingVariable(_compat.CachingVariable):
+class _NamedCachingVariable(_compat.CachingVariable):  # type: ignore[misc,valid-type]  # a class the fence resolves at import
     """ParameterServerStrategy's wrapper around a `NamedServerVariable`.
 
     The wrapper inherits `BaseResourceVariable`'s methods (`scatter_add` and others)

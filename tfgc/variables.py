@@ -90,7 +90,7 @@ def pulled(master, min_elements, batch_norm_on_server, owner):
     return PulledVariable(master, owner)
 
 
-class PulledVariable(_compat.BaseResourceVariable):
+class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-type]  # a class the fence resolves at import
     """A model variable read on workers from a cache kept up to date by compressed pulls.
 
     Eager reads (on the coordinator), assignments and checkpoints go to the master.

@@ -1,9 +1,11 @@
 """What the wrappers accept, and the conversions that refuse what they should not."""
+from typing import TypeAlias
+
 import numpy as np
 import tensorflow as tf
 
 # Anything the wrappers convert to a tensor: a tensor, an array, a list, a number.
-TensorLike = tf.types.experimental.TensorLike
+TensorLike: TypeAlias = tf.types.experimental.TensorLike
 
 
 def as_bytes(data: TensorLike, what: str) -> tf.Tensor:
@@ -16,7 +18,7 @@ def as_bytes(data: TensorLike, what: str) -> tf.Tensor:
         if data.dtype != tf.uint8:
             raise ValueError(f"{what} takes a uint8 tensor, got {data.dtype.name}")
         return tf.convert_to_tensor(data)
-    array = np.asarray(data)
+    array: np.ndarray = np.asarray(data)
     if array.dtype == np.uint8:
         return tf.convert_to_tensor(array)
     if array.size == 0 and array.dtype == np.float64:  # an empty list
@@ -30,7 +32,7 @@ def as_bytes(data: TensorLike, what: str) -> tf.Tensor:
 def group_sizes(groups: TensorLike) -> tf.Tensor:
     """Group sizes as a 1-D int64 tensor; an empty list is no groups."""
     if not isinstance(groups, (tf.Tensor, tf.Variable)):
-        array = np.asarray(groups)
+        array: np.ndarray = np.asarray(groups)
         if array.size == 0:
             array = array.astype(np.int64)
         groups = tf.convert_to_tensor(array)

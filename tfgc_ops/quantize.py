@@ -71,7 +71,8 @@ def momentum_sign_bits_encode(
     floats).
 
     Args:
-      momentum, x: 1-D float32 tensors of one length.
+      momentum: 1-D float32 tensor.
+      x: 1-D float32 tensor of momentum's length.
       beta: float32 scalar.
 
     Returns:

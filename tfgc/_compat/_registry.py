@@ -34,8 +34,8 @@ class Hook:
     at_import: bool = True
 
 
-HOOKS = {}  # hook name -> Hook
-_resolved = {}  # hook name -> what its probe returned
+HOOKS: dict[str, "Hook"] = {}  # hook name -> Hook
+_resolved: dict[str, object] = {}  # hook name -> what its probe returned
 
 
 def _installed_version(library):

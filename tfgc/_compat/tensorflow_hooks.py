@@ -476,7 +476,7 @@ def name_per_worker_copies(variable, named_copy, graph_handle):
     return variable
 
 
-_NAMED_COPIES_CLASSES = {}
+_NAMED_COPIES_CLASSES: dict = {}
 
 
 def _named_copies_class(per_worker):

@@ -111,9 +111,9 @@ class LocalCluster(WorkerScripts, SocketCounters):
         self.network = network
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir
-        self._procs = {}  # (job, index) -> Popen, while running
-        self._pids = {}  # job -> [pid, ...] of the last start, kept after stop()
-        self._logs = {}  # (job, index) -> open file
+        self._procs: dict = {}  # (job, index) -> Popen, while running
+        self._pids: dict = {}  # job -> [pid, ...] of the last start, kept after stop()
+        self._logs: dict = {}  # (job, index) -> open file
         self._worker_procs = {}  # index -> (Popen, started, stdout, stderr) of run_workers
         self._addresses = None
         self._resolver = None

@@ -46,7 +46,7 @@ from tfgc.codecs.sparsify import Sparsify, TopK
 from tfgc.codecs.stochastic import QSGD, StochasticTernary
 from tfgc.codecs.threelc import ThreeLC
 
-_CODECS = {
+_CODECS: dict[str, type[Codec]] = {
     cls.__name__: cls
     for cls in (NoCompression, Cast, Int8, ThreeLC, StochasticTernary, OneBit, Sparsify, TopK,
                 LogQuant, FastSGD, Quantize, AdaptiveQuantize, QSGD, GradiVeQ, PowerSGD, RandomK,
@@ -87,7 +87,7 @@ def serialize(codec: Codec) -> dict[str, Any]:
 
 def deserialize(spec: Mapping[str, Any]) -> Codec:
     """Inverse of `serialize`."""
-    return lookup(spec.get("class_name")).from_config(spec["config"])
+    return lookup(str(spec.get("class_name"))).from_config(spec["config"])
 
 
 __all__ = [

@@ -304,10 +304,10 @@ def _only_shape(codec, shapes):
 def group_sizes(flat: tf.Tensor, shapes: Sequence[Shape], codec_name: str) -> list[int]:
     """The element counts of a batched group's static `shapes`, checked against the
     floating vector `flat` they lie in (for `batched` codecs' flat pair)."""
-    shapes = [tf.TensorShape(shape) for shape in shapes]
-    if not all(shape.is_fully_defined() for shape in shapes):
-        raise ValueError(f"{codec_name} batches tensors of static shapes, got {shapes}")
-    sizes = [shape.num_elements() for shape in shapes]
+    static = [tf.TensorShape(shape) for shape in shapes]
+    if not all(shape.is_fully_defined() for shape in static):
+        raise ValueError(f"{codec_name} batches tensors of static shapes, got {static}")
+    sizes = [shape.num_elements() for shape in static]
     if flat.shape.rank != 1 or (flat.shape[0] is not None and flat.shape[0] != sum(sizes)):
         raise ValueError(
             f"{codec_name}: a group of {len(sizes)} tensors ({sum(sizes)} values) must "

@@ -136,7 +136,10 @@ class PowerSGDLayer(tf.Module, base.Codec):
         topology = topology or base.Topology()
         self.settings = settings
         self.shape = [int(d) for d in tf.TensorShape(shape)]
-        self.rows, self.columns = settings.matrix_shape(shape)
+        matrix = settings.matrix_shape(shape)
+        if matrix is None:
+            raise ValueError(f"PowerSGD does not compress a variable of shape {self.shape}")
+        self.rows, self.columns = matrix
         self.rank = settings.rank
         self.factors_dtype = settings.factors_dtype
         self._fields = {key: base.Field((self.factors_dtype,), rank=1)
@@ -360,7 +363,7 @@ def orthonormal(matrix: tf.Tensor) -> tf.Tensor:
     their span keeps rounding error along them, which normalising would blow up into a
     column far from orthogonal.
     """
-    columns = []
+    columns: list[tf.Tensor] = []
     for i in range(matrix.shape[1]):
         column = matrix[:, i]
         for _ in range(2 if columns else 0):

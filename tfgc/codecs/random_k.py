@@ -50,8 +50,9 @@ class RandomK(base.StochasticCodec):
         self.fraction = fraction
         self.rescale = rescale
 
+    # A class attribute in Codec, a property here: it depends on `rescale`.
     @property
-    def unbiased(self) -> bool:
+    def unbiased(self) -> bool:  # type: ignore[override]
         """Whether E[decode] = x: with `rescale` only."""
         return self.rescale
 

@@ -92,7 +92,7 @@ class SparseRows(base.Codec):
             raise TypeError(f"{self.name} sends tf.IndexedSlices, got {type(x).__name__}")
         ids = tf.cast(x.indices, tf.int64)
         if self._values_alone():
-            inner = self.codec.encode_values(x.values)
+            inner = self.codec.encode_values(x.values)  # type: ignore[attr-defined]
         else:
             inner = self.codec.encode(tf.reshape(x.values, [-1]))
         payload = {_INNER + key: tensor for key, tensor in inner.items()}
@@ -125,7 +125,7 @@ class SparseRows(base.Codec):
         row_shape = (None if expected_shape is None
                      else tf.TensorShape(expected_shape)[1:].as_list())
         if self._values_alone():
-            slices = self.codec.decode_values(inner, ids, dense_shape)
+            slices = self.codec.decode_values(inner, ids, dense_shape)  # type: ignore[attr-defined]
             values = slices.values
         else:
             row_size = tf.reduce_prod(dense_shape[1:])

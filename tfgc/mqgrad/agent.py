@@ -68,7 +68,7 @@ def reward(smoothed, cost_ms, reward_scale):
 
 # A plain Trackable (not a tf.Module): no automatic wrapping of the many dict and list
 # attributes, which would cost tens of microseconds per iteration.
-class MQGradAgent(_compat.Trackable):
+class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a class the fence resolves at import
     """The MQGrad MDP (section 3.3, Algorithm 2) and its SARSA learner.
 
     Call `observe(loss, cost_ms)` once per training iteration m = 0, 1, ... with the

@@ -88,12 +88,12 @@ class MQGrad(tf_keras.callbacks.Callback):
         self._target = codec_or_optimizer
         self.codec = None
         self._optimizer = None
-        self._bytes_by_bits = {}
+        self._bytes_by_bits: dict = {}
         self._multi_worker = False
         self._previous_mean = None
         self._batch_start = None
-        self.trace = []
-        self.steps = []
+        self.trace: list = []
+        self.steps: list = []
 
     # --- setup ---
 

@@ -21,7 +21,7 @@ from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 HOOK = _compat.KERAS3_ALL_REDUCE_SUM_GRADIENTS
 _LOADING_NOTE = "to_load"
-_CLASSES = {}
+_CLASSES: dict = {}
 
 
 def keras3_distributed_class(optimizer_class):

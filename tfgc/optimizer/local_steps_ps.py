@@ -126,7 +126,7 @@ class PackedPerWorker:
 class _InnerState:
     """The inner optimizer's slots, `slot_names` per model variable, packed per worker."""
 
-    slot_names = ()
+    slot_names: tuple[str, ...] = ()
 
     def __init__(self, optimizer, masters):
         self.optimizer = optimizer

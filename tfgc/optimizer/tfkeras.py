@@ -12,7 +12,7 @@ from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
 from tfgc.server_variables import created_by_name
 
-_DISTRIBUTED_CLASSES = {}
+_DISTRIBUTED_CLASSES: dict = {}
 
 
 def distributed_class(optimizer_class):

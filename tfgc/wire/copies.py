@@ -10,7 +10,7 @@ import weakref
 
 import tensorflow as tf
 
-_copies = weakref.WeakKeyDictionary()  # graph -> {tensor's ref: its copy}
+_copies: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()  # graph -> {tensor's ref: its copy}
 
 
 def note_copy(tensor, copy):

@@ -22,6 +22,7 @@ holds.
 """
 import dataclasses
 import re
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -44,8 +45,8 @@ class Entry:
     payload: int
     key: str
     dtype: tf.DType
-    shape: tuple = None
-    constant: np.ndarray = None
+    shape: Optional[tuple] = None
+    constant: Optional[np.ndarray] = None
 
     @property
     def sent(self):

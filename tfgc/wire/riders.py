@@ -89,7 +89,7 @@ class _Step:
 # The collecting steps by the graph they trace: a strategy may run its replica function
 # in threads of its own (mirrored replicas), which enter the same graph.
 _lock = threading.Lock()
-_steps = {}  # graph -> [_Step], innermost last
+_steps: dict = {}  # graph -> [_Step], innermost last
 
 
 def _current_step():
