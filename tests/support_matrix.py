@@ -33,10 +33,11 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 # in the DistributedOptimizer ("lso_first"; only under mixed_float16, where it is used).
 OPTIMIZERS = ("SGD", "Adam", "SGD+lso_first")
 # Rows beside the policies': 4 local steps (tf_keras; OuterSteps runs the meetings,
-# averaging), and the step compiled by XLA (`compile(jit_compile=True)`, with a codec
-# XLA compiles: Int8).
-EXTRA_CELLS = (("tf_keras", "float32", "SGD+local_steps"),
-               ("tf_keras", "float32", "SGD+xla"), ("keras3", "float32", "SGD+xla"))
+# averaging), and, without a strategy, the step compiled by XLA (`compile(jit_compile=
+# True)`, with a codec XLA compiles: Int8). Under Mirrored on two logical CPUs XLA fails
+# without tfgc too (a variable on the other device).
+EXTRA_CELLS = (("tf_keras", "float32", "SGD+local_steps"),)
+XLA_CELLS = (("tf_keras", "float32", "SGD+xla"), ("keras3", "float32", "SGD+xla"))
 # SGD's rate grows with the outputs the mean squared error averages over (COLS): about
 # 1 - 2 * rate / cols of the error goes per step, stable for the batches used here.
 LEARNING_RATES = {"SGD": 2.0, "Adam": 0.01}
@@ -46,7 +47,7 @@ PS_LEARNING_RATES = {"SGD": 1.0, "Adam": 0.01}
 EPOCHS, STEPS_PER_EPOCH, BATCH = 4, 5, 32
 
 
-def cells():
+def cells(strategy_name):
     for flavour in FLAVOURS:
         for policy in POLICIES:
             for optimizer in OPTIMIZERS:
@@ -56,6 +57,8 @@ def cells():
                     continue  # Adam's own cell in the two other policies says enough
                 yield flavour, policy, optimizer
     yield from EXTRA_CELLS
+    if strategy_name == "none":
+        yield from XLA_CELLS
 
 
 def teacher_data(rows, cols, samples):
@@ -334,7 +337,7 @@ def main():
     if strategy_name == "ps":
         return main_ps(out_dir)
     strategy = make_strategy(strategy_name)
-    for flavour, policy, optimizer in cells():
+    for flavour, policy, optimizer in cells(strategy_name):
         cell = f"{flavour}/{strategy_name}/{policy}/{optimizer}"
         cell_dir = os.path.join(out_dir, cell.replace("/", "-"))
         report(cell, lambda: run_cell(strategy, flavour, policy, optimizer, cell_dir))

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfgc import _compat
 from tfgc.distribute import is_parameter_server
-from tfgc.optimizer import finite_steps
+from tfgc.optimizer import finite_steps, xla
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 HOOK = _compat.KERAS3_ALL_REDUCE_SUM_GRADIENTS
@@ -53,6 +53,7 @@ def register_keras_optimizers():
         tf_optimizer = _compat.keras3_tf_optimizer()
     except (ImportError, _compat.UnsupportedInternalsError):
         return
+    xla.keep_models_out_of_xla(keras.Model)
     for value in vars(keras.optimizers).values():
         if (isinstance(value, type) and issubclass(value, tf_optimizer)
                 and value.__name__ in vars(keras.optimizers)):

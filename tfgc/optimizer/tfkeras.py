@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tfgc import _compat, local_steps
 from tfgc.distribute import is_parameter_server
-from tfgc.optimizer import finite_steps, local_steps_ps
+from tfgc.optimizer import finite_steps, local_steps_ps, xla
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
 from tfgc.server_variables import created_by_name
@@ -33,6 +33,7 @@ def register_tf_keras_optimizers():
         return
     from tfgc.optimizer.bounded_adam import BoundedAdam  # noqa: PLC0415 (needs tf_keras)
 
+    xla.keep_models_out_of_xla(tf_keras.Model)
     for value in [*vars(tf_keras.optimizers).values(), BoundedAdam]:
         if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
                 and value is not tf_keras.optimizers.Optimizer):

@@ -6,15 +6,23 @@ with a GPU when no strategy is used. Codecs built on tfgc's C++ ops cannot run t
 those ops have no XLA kernels. Codecs made of TensorFlow's own ops
 (`Codec.compiles_with_xla`) can, on the one-replica (local) wire.
 
-A step that XLA compiles and that would run anything else raises NotImplementedError
-while it is traced, before any op is made, naming the codecs and the fix: never a raw
-XLA error from deep inside the compiler. (A plain NotImplementedError: autograph
-re-raises the builtin types as they are, and a subclass as its own StagingError.) Keras gives an optimizer no say in how its
-model's step is compiled before that trace, so tfgc cannot turn XLA off for the user.
+A model compiled (tf_keras or Keras 3 `Model.compile`) with XLA on and a tfgc optimizer
+whose step cannot run there has XLA turned off, with one warning naming the codecs: `import
+tfgc` wraps both `compile` methods (`keep_models_out_of_xla`), since Keras gives an
+optimizer no other say in how its model's step is compiled. Any other step that XLA
+compiles and that would run tfgc's ops (a custom loop's `tf.function(jit_compile=True)`)
+raises NotImplementedError while it is traced, before any op is made, naming the codecs
+and the fix: never a raw XLA error from deep inside the compiler. (A plain
+NotImplementedError: autograph re-raises the builtin types as they are, and a subclass as
+its own StagingError.)
 """
+import functools
+import warnings
+
 import tensorflow as tf
 
 from tfgc import _compat
+from tfgc.distribute import is_parameter_server
 from tfgc.wire.wires import LocalWire
 
 #: The codecs whose steps XLA compiles (without a strategy); tests/test_xla.py checks it
@@ -50,3 +58,51 @@ def refuse_compiled_step(optimizer, wire):
             "tf.function(jit_compile=True). Without a strategy, "
             f"{', '.join(XLA_CODECS)} compile with XLA; a tf_keras optimizer's own "
             "jit_compile=True (its update alone) works with every codec")
+
+
+def configured_outside_xla(optimizer, strategy):
+    """What would keep `optimizer`'s step under `strategy` from compiling with XLA, from
+    its settings (built or not): its codecs without `compiles_with_xla`, and a wire that
+    is not local."""
+    codecs = [optimizer.compression, *optimizer.encoder.codecs_in_use()]
+    names = sorted({codec.name for codec in codecs if not codec.compiles_with_xla})
+    # The wire `choose_wire` takes: a parameter-server push or an all-reduce, not local.
+    if strategy is not None and (is_parameter_server(strategy)
+                                 or strategy.num_replicas_in_sync > 1):
+        names.append(f"the {type(strategy).__name__} wire")
+    return names
+
+
+def turn_xla_off_for_tfgc(model):
+    """Turns `model`'s XLA compilation off, with one warning saying why, where it is on
+    and its tfgc optimizer's step cannot run under XLA."""
+    from tfgc.optimizer.base import compressing_optimizer  # noqa: PLC0415 (cycle)
+
+    optimizer = compressing_optimizer(getattr(model, "optimizer", None))
+    if optimizer is None or not model.jit_compile:
+        return
+    names = configured_outside_xla(optimizer, getattr(model, "distribute_strategy", None))
+    if not names:
+        return
+    warnings.warn(
+        f"tfgc: jit_compile is turned off for model {model.name!r}: XLA cannot compile the "
+        f"C++ ops of tfgc that {' and '.join(names)} {'uses' if len(names) == 1 else 'use'}, "
+        "so its train step runs without XLA. To keep XLA, use a codec that compiles with "
+        f"it ({', '.join(XLA_CODECS)}, without a strategy)", stacklevel=3)
+    model.jit_compile = False
+
+
+def keep_models_out_of_xla(model_class):
+    """Wraps `model_class.compile` (once) so that a model compiled with a tfgc optimizer
+    whose step XLA cannot compile has XLA turned off (`turn_xla_off_for_tfgc`)."""
+    compile_method = model_class.compile
+    if getattr(compile_method, "_tfgc_keeps_xla_out", False):
+        return
+
+    @functools.wraps(compile_method)
+    def compile(self, *args, **kwargs):
+        compile_method(self, *args, **kwargs)
+        turn_xla_off_for_tfgc(self)
+
+    compile._tfgc_keeps_xla_out = True
+    model_class.compile = compile
