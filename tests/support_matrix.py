@@ -41,7 +41,7 @@ XLA_CELLS = (("tf_keras", "float32", "SGD+xla"), ("keras3", "float32", "SGD+xla"
 # SGD's rate grows with the outputs the mean squared error averages over (COLS): about
 # 1 - 2 * rate / cols of the error goes per step, stable for the batches used here.
 LEARNING_RATES = {"SGD": 2.0, "Adam": 0.01}
-PS_LEARNING_RATES = {"SGD": 1.0, "Adam": 0.01}
+PS_LEARNING_RATES = {"SGD": 1.0, "Adam": 0.002}
 # Training: 4 epochs of 5 steps (batch 32) on a fixed linear teacher's data, so that
 # every working optimizer's loss falls.
 EPOCHS, STEPS_PER_EPOCH, BATCH = 4, 5, 32

@@ -5,9 +5,9 @@ Cells are run by tests/support_matrix.py, one process per strategy (under parame
 servers a 262k-parameter model, elsewhere 33k), on a fixed linear teacher's data, so
 that every working optimizer's loss falls. A cell that trains must have:
 
-- trained >= 20 steps, its loss fallen (last epoch's mean below the first's) and ended
-  within the tolerance below of its plain twin's (the same model, seed, data and inner
-  optimizer without tfgc, trained beside it);
+- trained >= 20 steps, its loss fallen (last epoch's mean below the first's), and its
+  mean loss over the epochs within the factor below of its plain twin's (the same model,
+  seed, data and inner optimizer without tfgc, trained beside it);
 - compressed: the counters, which only the wire that carried a step updates, show >= 10x
   fewer bytes than the dense gradients (ThreeLC; Int8, which XLA compiles: >= 3.9x);
 - reported its traffic through `TrafficLogger` into the history (and, in one process,
@@ -33,16 +33,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TRAFFIC_KEYS = {"push_bytes", "push_dense_bytes", "compression_ratio", "bits_per_value"}
 MIN_STEPS = 20
 
-# How far a cell's final loss (its last epoch's mean) may be above its twin's, a factor,
-# by what it runs. Measured after 20 steps, in one process (SGD at rate 2, Adam 0.01):
-# synchronous ThreeLC with SGD 1.09-1.10x; 4 local steps 1.30-1.42x; ThreeLC under Adam
-# 2.96-3.41x (Adam scales each coordinate by its own history, and ThreeLC sends most
-# coordinates as zeros most steps, their error fed back later); Int8 under XLA 1.00x.
-# Under parameter servers (SGD at rate 1), whose workers step asynchronously, so that
-# two runs differ: SGD 0.88-1.21x, compressed pulls included; Adam 1.09x; 4 local steps
-# 2.59x (each worker's meeting applies its share, 1/2, of what its 4 steps moved).
-TOLERANCE = {"SGD": 1.25, "local_steps": 1.6, "Adam": 4.0}
-PS_TOLERANCE = {"SGD": 1.5, "local_steps": 3.5, "Adam": 1.5}
+# How far a cell's mean loss over its epochs may be above its twin's, a factor, by what
+# it runs: the area under the curve, which asynchronous parameter-server steps move less
+# than the last epoch's loss. Measured after 20 steps in one process (SGD at rate 2, Adam
+# 0.01; deterministic): synchronous ThreeLC with SGD 1.05x; 4 local steps 1.29-1.32x;
+# ThreeLC under Adam 1.66-1.74x (Adam scales each coordinate by its own history, and
+# ThreeLC sends most coordinates as zeros most steps, their error fed back later); Int8
+# under XLA 1.00x. Under parameter servers (SGD at rate 1, Adam 0.002), 6 runs: SGD
+# 1.02-1.16x, compressed pulls, mixed_bfloat16, the custom loop and Keras 3 included; 4
+# local steps 1.54-1.65x (each worker's meeting applies its share, 1/2, of what its 4
+# steps moved); Adam 1.82-1.91x.
+TOLERANCE = {"SGD": 1.25, "local_steps": 1.5, "Adam": 2.0}
+PS_TOLERANCE = {"SGD": 1.35, "local_steps": 2.0, "Adam": 2.3}
 
 # Cells that must fail, and with what: (type, words the message must hold). Each is an
 # error of tf_keras or Keras itself, whose message names the alternative.
@@ -89,7 +91,7 @@ def check_trained(name, cell, tolerances):
     assert loss[-1] < loss[0] and twin[-1] < twin[0], (name, loss, twin)
     optimizer = name.rsplit("/", 1)[1]
     kind = "local_steps" if optimizer.endswith("local_steps") else optimizer.split("+")[0]
-    assert loss[-1] <= tolerances[kind] * twin[-1], (name, loss, twin)
+    assert sum(loss) <= tolerances[kind] * sum(twin), (name, loss, twin)
 
 
 @pytest.mark.parametrize("strategy", ["none", "mirrored", "mwms"])
