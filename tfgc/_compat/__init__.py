@@ -25,7 +25,7 @@ from tfgc._compat._registry import (
 )
 from tfgc._compat.keras3_hooks import (
     KERAS3_ALL_REDUCE_SUM_GRADIENTS, keras3_iterations_variable, keras3_num_variables,
-    keras3_tf_optimizer, keras3_update_step, keras3_variable_index,
+    keras3_tf_optimizer, keras3_trainer, keras3_update_step, keras3_variable_index,
 )
 from tfgc._compat.tensorflow_hooks import (
     RESOURCE_VARIABLE_OVERRIDES, TRACKABLE_CHILDREN, VARIABLE_VALUE_KEY,

@@ -89,3 +89,23 @@ def keras3_num_variables(optimizer):
     """
     _internal("keras3_tf_optimizer")
     return len(getattr(optimizer, "_trainable_variables", []))
+
+
+@_hook("keras3_trainer", "keras",
+       "keras.src.trainers.trainer.Trainer with compile (compile_from_config compares a "
+       "model's compile with it)")
+def _probe_keras3_trainer():
+    trainer = _module("keras.src.trainers.trainer").Trainer
+    _method(trainer, "compile")
+    _method(trainer, "compile_from_config")
+    return trainer
+
+
+def keras3_trainer():
+    """The class that defines Keras 3 models' `compile`: a wrapper of `compile` goes on
+    it, not on `keras.Model`, whose `compile_from_config` skips a model whose class's
+    `compile` is not this class's.
+
+    Relies on `keras.src.trainers.trainer.Trainer`.
+    """
+    return _internal("keras3_trainer")

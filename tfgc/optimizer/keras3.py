@@ -45,15 +45,17 @@ def keras3_distributed_class(optimizer_class):
 
 def register_keras_optimizers():
     """Makes every Keras 3 built-in optimizer's compressing class known to Keras's
-    deserialization (`keras.saving.load_model`); `import tfgc` calls it. A no-op
-    without Keras 3 or with another backend."""
+    deserialization (`keras.saving.load_model`), and keeps models whose tfgc optimizer
+    XLA cannot compile out of XLA (`xla.keep_models_out_of_xla`); `import tfgc` calls
+    it. A no-op without Keras 3 or with another backend."""
     try:
         import keras  # noqa: PLC0415
 
         tf_optimizer = _compat.keras3_tf_optimizer()
+        trainer = _compat.keras3_trainer()
     except (ImportError, _compat.UnsupportedInternalsError):
         return
-    xla.keep_models_out_of_xla(keras.Model)
+    xla.keep_models_out_of_xla(trainer)
     for value in vars(keras.optimizers).values():
         if (isinstance(value, type) and issubclass(value, tf_optimizer)
                 and value.__name__ in vars(keras.optimizers)):

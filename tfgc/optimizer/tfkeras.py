@@ -25,8 +25,9 @@ def distributed_class(optimizer_class):
 
 def register_tf_keras_optimizers():
     """Makes the compressing class of every tf_keras built-in optimizer, and of
-    `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`); `import
-    tfgc` calls it. A no-op without tf_keras."""
+    `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`), and keeps
+    models whose tfgc optimizer XLA cannot compile out of XLA
+    (`xla.keep_models_out_of_xla`); `import tfgc` calls it. A no-op without tf_keras."""
     try:
         import tf_keras  # noqa: PLC0415
     except ImportError:
