@@ -22,24 +22,33 @@ import warnings
 import tensorflow as tf
 
 from tfgc import _compat
-from tfgc.distribute import is_parameter_server
-from tfgc.wire.wires import LocalWire
+from tfgc.wire.wires import LocalWire, sends_locally
 
 #: The codecs whose steps XLA compiles (without a strategy); tests/test_xla.py checks it
 #: against `Codec.compiles_with_xla`.
 XLA_CODECS = ("NoCompression", "Cast", "Int8", "PowerSGD")
 
 
+def _outside_xla(codecs, strategy, local):
+    """The names of `codecs` without `compiles_with_xla`, and `strategy`'s wire when it
+    is not `local` (the parameter-server and all-reduce wires pack payloads with tfgc's
+    ops)."""
+    names = sorted({codec.name for codec in codecs if not codec.compiles_with_xla})
+    if not local:
+        names.append(f"the {type(strategy).__name__} wire")
+    return names
+
+
+def _used_by(names):
+    """"A and B use" / "A uses": what the C++ ops of tfgc are used by."""
+    return f"{' and '.join(names)} {'uses' if len(names) == 1 else 'use'}"
+
+
 def outside_xla(optimizer, wire):
     """What keeps `optimizer`'s step on `wire` from compiling with XLA: the names of
-    its codecs without `compiles_with_xla`, and the wire when it is not local (the
-    parameter-server and all-reduce wires pack payloads with tfgc's ops)."""
-    names = sorted({codec.name for codec in optimizer.encoder.codecs_in_use()
-                    if not codec.compiles_with_xla})
-    if not isinstance(wire, LocalWire):
-        strategy = type(tf.distribute.get_strategy()).__name__
-        names.append(f"the {strategy} wire")
-    return names
+    its codecs without `compiles_with_xla`, and the wire when it is not local."""
+    return _outside_xla(optimizer.encoder.codecs_in_use(), tf.distribute.get_strategy(),
+                        isinstance(wire, LocalWire))
 
 
 def refuse_compiled_step(optimizer, wire):
@@ -51,7 +60,7 @@ def refuse_compiled_step(optimizer, wire):
     if names:
         raise NotImplementedError(
             "tfgc: this train step is compiled with XLA, which cannot compile the C++ "
-            f"ops of tfgc that {' and '.join(names)} {'uses' if len(names) == 1 else 'use'}. "
+            f"ops of tfgc that {_used_by(names)}. "
             "Compile the model with "
             "jit_compile=False (Keras 3 turns XLA on by default on a machine with a GPU "
             "when no strategy is used), or call the optimizer outside "
@@ -61,16 +70,11 @@ def refuse_compiled_step(optimizer, wire):
 
 
 def configured_outside_xla(optimizer, strategy):
-    """What would keep `optimizer`'s step under `strategy` from compiling with XLA, from
-    its settings (built or not): its codecs without `compiles_with_xla`, and a wire that
-    is not local."""
-    codecs = [optimizer.compression, *optimizer.encoder.codecs_in_use()]
-    names = sorted({codec.name for codec in codecs if not codec.compiles_with_xla})
-    # The wire `choose_wire` takes: a parameter-server push or an all-reduce, not local.
-    if strategy is not None and (is_parameter_server(strategy)
-                                 or strategy.num_replicas_in_sync > 1):
-        names.append(f"the {type(strategy).__name__} wire")
-    return names
+    """What would keep `optimizer`'s step under `strategy` (None: none) from compiling
+    with XLA, from its settings, built or not."""
+    local = strategy is None or sends_locally(strategy, aggregate=True)
+    return _outside_xla([optimizer.compression, *optimizer.encoder.codecs_in_use()],
+                        strategy, local)
 
 
 def turn_xla_off_for_tfgc(model):
@@ -86,7 +90,7 @@ def turn_xla_off_for_tfgc(model):
         return
     warnings.warn(
         f"tfgc: jit_compile is turned off for model {model.name!r}: XLA cannot compile the "
-        f"C++ ops of tfgc that {' and '.join(names)} {'uses' if len(names) == 1 else 'use'}, "
+        f"C++ ops of tfgc that {_used_by(names)}, "
         "so its train step runs without XLA. To keep XLA, use a codec that compiles with "
         f"it ({', '.join(XLA_CODECS)}, without a strategy)", stacklevel=3)
     model.jit_compile = False

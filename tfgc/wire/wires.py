@@ -390,12 +390,19 @@ def _fingerprint(settings):
     return [int.from_bytes(digest[i:i + 2], "little") % 4096 / 4096 for i in (0, 2)]
 
 
+def sends_locally(strategy, aggregate):
+    """Whether `choose_wire` takes the local wire under `strategy`: no parameter servers,
+    and one replica or nothing to aggregate."""
+    return not is_parameter_server(strategy) and not (
+        strategy.num_replicas_in_sync > 1 and aggregate)
+
+
 def choose_wire(encoder, strategy, aggregate, bucket_bytes=DEFAULT_BUCKET_BYTES):
     """The wire for `strategy`, sending what `encoder` encodes: PS push, all-reduce
     (when gradients are to be aggregated across replicas, in buckets of about
     `bucket_bytes`) or local."""
+    if sends_locally(strategy, aggregate):
+        return LocalWire(encoder)
     if is_parameter_server(strategy):
         return ParameterServerPush(encoder)
-    if strategy.num_replicas_in_sync > 1 and aggregate:
-        return AllReduceWire(encoder, bucket_bytes)
-    return LocalWire(encoder)
+    return AllReduceWire(encoder, bucket_bytes)
