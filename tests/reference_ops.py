@@ -402,7 +402,7 @@ def qsgd_values(codes, norms, bits, bucket_size):
     signed = np.where(codes >> (bits - 1) > 0, -level, level)
     norm = np.repeat(np.asarray(norms, np.float32), bucket_size)[:codes.size]
     with np.errstate(invalid="ignore"):  # 0 * an unusable (infinite) norm is NaN, as sent
-        return (signed * norm / levels).astype(np.float32)
+        return (signed / levels * norm).astype(np.float32)
 
 
 def stochastic_ternary(x, scale, seed):

@@ -12,6 +12,8 @@ WRAPPERS = {
     "batch_quartic_unfold": "(quartic, scales, sizes)",
     "bitmap_expand": "(bitmap, values, n)",
     "check_flag_bits": "(flag_bits, what='flag_bits')",
+    "chunk_top_k_decode": "(positions, codes, levels, n, chunk, kept)",
+    "chunk_top_k_encode": "(x, chunk, kept)",
     "largest_magnitude": "(x)",
     "log_levels_decode": "(packed, scale, n, bits)",
     "log_levels_encode": "(x, largest, bits)",

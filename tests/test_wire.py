@@ -112,16 +112,24 @@ _WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
 def recvs_feeding(nodes, resource):
-    """Dtypes of the `_Recv` ops whose values flow into the writes of `resource`.
+    """Dtypes of the receives whose values flow into the writes of `resource`.
 
     Follows data inputs backwards and, through a ReadVariableOp, into the writes of
     the variable it reads (the optimizer's own temporaries live on the ps too).
     """
+    def origin(name):
+        # A resource reaches a write in a branch (the skip of a non-finite step)
+        # through the branch's Switch and Identity ops.
+        while name in nodes and nodes[name]["op"] in ("Switch", "Identity") \
+                and nodes[name]["inputs"]:
+            name = nodes[name]["inputs"][0]
+        return name
+
     writes = collections.defaultdict(list)
     for name, node in nodes.items():
         if node["op"] in _WRITES or node["op"].startswith("ResourceApply"):
             if node["inputs"]:
-                writes[node["inputs"][0]].append(name)
+                writes[origin(node["inputs"][0])].append(name)
     todo, seen, found = list(writes[resource]), set(), []
     while todo:
         name = todo.pop()
@@ -129,11 +137,11 @@ def recvs_feeding(nodes, resource):
             continue
         seen.add(name)
         node = nodes[name]
-        if node["op"] == "_Recv":
+        if node["op"] in ("_Recv", "_HostRecv"):  # (host memory: a flag)
             found.append(node["type"])
             continue
         if node["op"] == "ReadVariableOp" and node["inputs"]:
-            todo.extend(writes[node["inputs"][0]])
+            todo.extend(writes[origin(node["inputs"][0])])
         todo.extend(node["inputs"])
     return sorted(found)
 
@@ -175,8 +183,10 @@ def test_ps_receives_only_the_codec_dtypes(report, run):
     assert len(resources) == 1, sorted(n for n in nodes if nodes[n]["op"] == "_Arg")
     received = recvs_feeding(nodes, resources[0])
     # Every codec's payload (the fp32 run's NoCompression too) arrives as the bytes of
-    # one fused message; the payload's own dtypes never cross on their own.
-    assert received == ["DT_UINT8"], (run, received, report[run]["payload_dtypes"])
+    # one fused message; the payload's own dtypes never cross on their own. Beside it
+    # crosses the worker's flag that the step is finite (tfgc.optimizer.finite_steps).
+    assert received == ["DT_BOOL", "DT_UINT8"], (run, received,
+                                                 report[run]["payload_dtypes"])
 
 
 def test_worker_to_ps_bytes_equal_payload_bytes(report):

@@ -11,6 +11,7 @@
                    Signum's momentum step with them), LogQuant
   stochastic       stochastic rounding (QSGD, stochastic 3-values) with draws that depend
                    only on a seed and each value's index
+  chunked          chunked top-k with 2-bit values (ChunkedTopK)
 
 Every wrapper is also a name of this package (`tfgc_ops.zero_run_encode`). The formats
 are also written plainly in numpy in tests/reference_ops.py, the oracle the tests hold
@@ -21,6 +22,7 @@ message that says how to rebuild.
 """
 from tfgc_ops._load import library_path
 from tfgc_ops.bits import pack_bits, unpack_bits
+from tfgc_ops.chunked import chunk_top_k_decode, chunk_top_k_encode
 from tfgc_ops.keys import MAX_FLAG_BITS, MIN_FLAG_BITS, check_flag_bits, pack_keys, unpack_keys
 from tfgc_ops.quantize import (
     log_levels_decode, log_levels_encode, momentum_sign_bits_encode, sign_bits_encode,
@@ -52,6 +54,8 @@ __all__ = [
     "log_levels_encode", "log_levels_decode",
     # stochastic
     "qsgd_norms", "qsgd_encode", "qsgd_decode", "stochastic_ternary_fold",
+    # chunked
+    "chunk_top_k_encode", "chunk_top_k_decode",
     # _load
     "library_path",
 ]

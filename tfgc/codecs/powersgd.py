@@ -378,8 +378,14 @@ def _normalised(column):
     """`column` over its norm; a zero column stays zero. No epsilon is added to the norm
     (PyTorch's hook adds none by default): P = M Q scales with the gradient's square,
     and an epsilon would leave the columns of small gradients (norms near 1e-3 and
-    below) unnormalised, their error depending on the gradient's scale."""
-    return tf.math.divide_no_nan(column, tf.norm(column))
+    below) unnormalised, their error depending on the gradient's scale.
+
+    The column is divided by its largest magnitude first: the norm of a finite column
+    can overflow (a gradient near float32's limit), and a column over an infinite norm
+    is zero, which would send a zero product and keep the whole gradient in the
+    residual, step after step."""
+    scaled = tf.math.divide_no_nan(column, tf.reduce_max(tf.abs(column)))
+    return tf.math.divide_no_nan(scaled, tf.norm(scaled))
 
 
 def _zero_padded(vector, size):

@@ -73,8 +73,8 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
 
     With or without one, a step whose decoded gradients are not finite (a NaN or Inf
     gradient, or a finite one that an encode or the replicas' sum overflowed) is
-    skipped on every replica: weights, slots and residuals stay, `iterations` counts it
-    (see tfgc.optimizer.finite_steps; not under ParameterServerStrategy).
+    skipped on every replica (every server under ParameterServerStrategy): weights,
+    slots and residuals stay, `iterations` counts it (see tfgc.optimizer.finite_steps).
 
     Args:
       optimizer: a tf_keras optimizer (`tf_keras.optimizers.Optimizer`), or a Keras 3

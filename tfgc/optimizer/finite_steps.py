@@ -1,15 +1,22 @@
 """Non-finite gradients: a step whose gradients arrive non-finite is skipped.
 
 A gradient can be finite where it is computed and not where it is applied: an encode
-can overflow (LogQuant's and QSGD's scales, PowerSGD's products, a float16 wire sum),
+can overflow (LogQuant's scale, PowerSGD's products, a float16 wire sum),
 and summing the replicas' gradients can overflow float32. A loss-scale optimizer
 checks the gradients before tfgc encodes them, so it cannot see that. tfgc checks what
-it hands the inner optimizer instead, the decoded gradients, after every wire but the
-parameter servers' (one reduction per tensor, all in this replica, and no collective:
-the replicas decode the same sums, so they agree), and when one of them is not finite
-it skips the step: no variable or slot moves, no residual changes, and `iterations`
-still counts the step, as a loss-scale optimizer's skip does. A NaN or Inf gradient is
-skipped the same way, with or without a loss-scale optimizer.
+it hands the inner optimizer instead, the decoded gradients (one reduction per tensor,
+all in this replica, and no collective: the replicas decode the same sums, so they
+agree), and when one of them is not finite it skips the step: no variable or slot
+moves, no residual changes, and `iterations` still counts the step, as a loss-scale
+optimizer's skip does. A NaN or Inf gradient is skipped the same way, with or without
+a loss-scale optimizer.
+
+Under parameter servers the worker checks what it sends instead, before it sends it:
+the payloads' floating tensors and the residuals it keeps. A residual holds the
+gradient less its decoded payload, so a decode that overflows shows there, for every
+codec with error feedback; a check on the servers would cost each step a round trip
+(the servers' flag to the worker and the decision back before they apply). A codec
+without error feedback whose decode overflows a finite payload is not caught there.
 
 The residuals are read before the step and written after the check
 (`tfgc.memory.StagedResidual`), so that a skipped step leaves them as they were.
@@ -17,10 +24,10 @@ The residuals are read before the step and written after the check
 import tensorflow as tf
 
 from tfgc import _compat
-from tfgc.distribute import is_parameter_server
 from tfgc.memory import StagedResidual
 from tfgc.optimizer import xla
 from tfgc.wire import choose_wire
+from tfgc.wire.wires import ParameterServerPush
 
 
 def send_checked(optimizer, strategy, grads_and_vars, aggregate):
@@ -34,11 +41,10 @@ def send_checked(optimizer, strategy, grads_and_vars, aggregate):
 
     Returns:
       ((gradient as received, variable) pairs, a scalar bool tensor: every gradient
-      received is finite; None where the step is not checked (parameter servers, or no
-      gradient)). The residuals are written only when it is True.
+      received is finite (under parameter servers: every payload sent and residual
+      kept); None where there is no gradient). The residuals are written only when it
+      is True.
     """
-    if is_parameter_server(strategy):
-        return optimizer._send_all(strategy, grads_and_vars, aggregate), None  # noqa: SLF001
     encoder = optimizer.encoder
     residuals = encoder.residuals_by_key([v for g, v in grads_and_vars if g is not None])
     olds = {key: residual.read_value() for key, residual in residuals.items()}
@@ -46,9 +52,18 @@ def send_checked(optimizer, strategy, grads_and_vars, aggregate):
     wire = choose_wire(encoder.with_residuals(staged), strategy, aggregate,
                        optimizer.bucket_bytes)
     xla.refuse_compiled_step(optimizer, wire)
-    pairs, sent = wire.send(grads_and_vars)
+    if isinstance(wire, ParameterServerPush):
+        # Checked on the worker, before the messages leave: a flag made on the servers
+        # would cost every step a round trip to the worker and back before they apply.
+        packed = wire.pack(grads_and_vars)
+        kept = [staged[key].value for key in residuals]
+        finite = all_finite([t for t in wire.payload_tensors(packed) if t.dtype.is_floating]
+                            + kept)
+        pairs, sent = wire.receive(packed)
+    else:
+        pairs, sent = wire.send(grads_and_vars)
+        finite = all_finite([g for g, _ in pairs])
     optimizer.traffic_counters.record("push", sent)
-    finite = all_finite([g for g, _ in pairs])
     # Only the residuals this step wrote (a sparse gradient's rows leave theirs alone).
     written = [(residuals[key], staged[key].value) for key in residuals
                if staged[key].value is not olds[key]]

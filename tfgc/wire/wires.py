@@ -97,8 +97,14 @@ class _FusedWire(Wire):
             layout, message = Layout.pack(
                 payloads + [rider.payload(small) for rider in taken])
             messages.append(_Message(destination, positions, taken, units, held, layout,
-                                     message))
+                                     message, payloads))
         return grads_and_vars, messages
+
+    @staticmethod
+    def payload_tensors(packed):
+        """Every tensor of the payloads in `pack`'s result, as encoded here."""
+        return [tensor for message in packed[1]
+                for tensor in tf.nest.flatten(message.payloads, expand_composites=True)]
 
     def receive(self, packed):
         """The second half of `send`: each message unpacked and decoded at its
@@ -189,6 +195,7 @@ class _Message(NamedTuple):
     held: list  # per unit, the destination's copy of its indices, or None
     layout: Layout
     message: tf.Tensor
+    payloads: list  # its gradients' payloads, as encoded here (before packing)
 
 
 class LocalWire(_FusedWire):
@@ -212,7 +219,7 @@ class ParameterServerPush(_FusedWire):
         small = self.encoder.small_compression
         layout, message = Layout.pack([rider.payload(small) for rider in carried])
         return self.receive(([], [_Message(destination, [], carried, [], [], layout,
-                                           message)]))[1]
+                                           message, [])]))[1]
 
 
 #: Bytes per collective (PyTorch DDP's default bucket is 25 MB, Horovod fuses 64 MB).

@@ -228,6 +228,12 @@ void QsgdDecode(const uint8_t* packed, int64_t n, const float* norms, int64_t bu
                 int64_t begin, int64_t end, float* out) {
   const float levels = static_cast<float>((1 << (bits - 1)) - 1);
   const int32_t sign_bit = 1 << (bits - 1);
+  // Each level's fraction of the norm, at most 1: a finite norm decodes finite (norm *
+  // level / levels overflows for a norm within a factor `levels` of float's largest).
+  float fractions[128];
+  for (int32_t level = 0; level < sign_bit; ++level) {
+    fractions[level] = static_cast<float>(level) / levels;
+  }
   int32_t codes[kChunk];
   for (int64_t start = begin; start < end; start += kChunk) {
     const int64_t stop = std::min(start + kChunk, end);
@@ -238,8 +244,8 @@ void QsgdDecode(const uint8_t* packed, int64_t n, const float* norms, int64_t bu
       const float norm = norms[b];
       for (; j < stretch_end; ++j) {
         const int32_t code = codes[j - start];
-        const float level = static_cast<float>(code & (sign_bit - 1));
-        out[j] = ((code & sign_bit) ? -level : level) * norm / levels;
+        const float fraction = fractions[code & (sign_bit - 1)];
+        out[j] = ((code & sign_bit) ? -fraction : fraction) * norm;
       }
     }
   }
