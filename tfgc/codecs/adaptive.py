@@ -1,6 +1,6 @@
 """The "Adaptive" baseline of MQGrad's paper (Oland & Raj 2015): bits chosen per tensor."""
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -9,7 +9,8 @@ from tfgc.codecs import base
 from tfgc.codecs.quantize import MAX_BITS, MIN_BITS, Quantize, check_bits
 
 
-def adaptive_bits(x, rho=0.01, min_bits=MIN_BITS, max_bits=MAX_BITS):
+def adaptive_bits(x: tf.Tensor, rho: float = 0.01, min_bits: int = MIN_BITS,
+                  max_bits: int = MAX_BITS) -> tf.Tensor:
     """The fewest bits whose quantization noise is at most `rho` of x's power.
 
     Uniform quantization of [min, max] with 2^k - 1 steps of width
@@ -69,7 +70,7 @@ class AdaptiveQuantize(Quantize):
         super().__init__(bits=max_bits, name=name)
         self.rho, self.min_bits, self.max_bits = rho, min_bits, max_bits
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"rho": self.rho, "min_bits": self.min_bits, "max_bits": self.max_bits}
 
     def _bits_for(self, value_range, size):

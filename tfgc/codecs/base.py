@@ -13,7 +13,10 @@ Payloads are checked before they are decoded: see `tfgc.codecs.validation`.
 """
 import abc
 import inspect
-from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import (
+    Any, Callable, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence, Union,
+    runtime_checkable,
+)
 
 import tensorflow as tf
 
@@ -63,7 +66,8 @@ def bind_to(codec: "Codec", variable: tf.Variable, topology: Topology) -> "Codec
     return codec.bind(variable, topology) if takes_topology else codec.bind(variable)
 
 
-def replica_state(initial_value, name: str, topology: Topology) -> tf.Variable:
+def replica_state(initial_value: Union[tf.Tensor, Callable[[], tf.Tensor]], name: str,
+                  topology: Topology) -> tf.Variable:
     """A bound codec's state variable that every replica updates on its own copy.
 
     Every replica applies the same update to the same aggregated values, so the copies
@@ -79,7 +83,8 @@ def replica_state(initial_value, name: str, topology: Topology) -> tf.Variable:
     return tf.Variable(initial_value, trainable=False, name=name)
 
 
-def sender_state(initial_value, name: str, topology: Topology) -> tf.Variable:
+def sender_state(initial_value: Union[tf.Tensor, Callable[[], tf.Tensor]], name: str,
+                 topology: Topology) -> tf.Variable:
     """A bound codec's state that only the sending side reads and writes: one copy per
     worker under ParameterServerStrategy (a resumed or restarted worker starts it from
     `initial_value`), else as `replica_state`.
@@ -357,7 +362,7 @@ class PerVariableSettings(Codec):
         self.encode(None)
 
 
-def layer_name(prefix: str, variable, unnamed: str = "variable") -> str:
+def layer_name(prefix: str, variable: Any, unnamed: str = "variable") -> str:
     """A module name for `variable`'s compressor: `prefix`, "_", and the variable's
     name (`unnamed` for an object without one) without its ":0", other characters than
     letters and digits as "_"."""
@@ -388,7 +393,7 @@ class CompiledForLarge:
     connection is not sent to a new cluster's workers.
     """
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self._fn = fn
         self._compiled = tf.function(fn, jit_compile=True)
 
@@ -407,7 +412,7 @@ def payload_nbytes(payload: Payload) -> tf.Tensor:
     return total
 
 
-def concat_flat(tensors):
+def concat_flat(tensors: Iterable[tf.Tensor]) -> tf.Tensor:
     """`tensors` flattened and concatenated into one vector.
 
     A traced step builds this for many tensors at once: one shape constant serves them
@@ -417,7 +422,7 @@ def concat_flat(tensors):
     return tf.concat([tf.reshape(t, flat) for t in tensors], axis=0)
 
 
-def split_flat(flat, shapes):
+def split_flat(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
     """Inverse of `concat_flat`: the vector `flat` cut into tensors of the static
     `shapes`, in order, with one shape constant per distinct shape."""
     shapes = [tf.TensorShape(shape) for shape in shapes]
@@ -432,28 +437,28 @@ def split_flat(flat, shapes):
             for part, shape in zip(parts, shapes)]
 
 
-def shape_of(x):
+def shape_of(x: tf.Tensor) -> tf.Tensor:
     """The shape of `x` as an int32 tensor for a payload."""
     return tf.shape(x, out_type=tf.int32)
 
 
-def all_finite(x):
+def all_finite(x: tf.Tensor) -> tf.Tensor:
     """Scalar bool: every element of `x` is finite (True for an empty tensor)."""
     return tf.reduce_all(tf.math.is_finite(x))
 
 
-def largest_magnitude(flat):
+def largest_magnitude(flat: tf.Tensor) -> tf.Tensor:
     """max|x| over the finite elements of 1-D float32 `flat`; 0 when there are none."""
     magnitude = tf.abs(tf.where(tf.math.is_finite(flat), flat, 0.0))
     return tf.where(tf.size(flat) > 0, tf.reduce_max(magnitude), 0.0)
 
 
-def nan_unless(finite, scale):
+def nan_unless(finite: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
     """`scale`, or NaN when the input was not finite (the non-finite policy)."""
     return tf.where(finite, scale, tf.constant(float("nan"), scale.dtype))
 
 
-def round_to(value, dtype):
+def round_to(value: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """A float32 `value` rounded to `dtype` and back: what the receiver will read."""
     return tf.cast(tf.cast(value, dtype), tf.float32)
 
@@ -473,7 +478,7 @@ class StochasticCodec(tf.Module, ReconstructingCodec):
         else:
             self.generator = tf.random.Generator.from_seed(seed)
 
-    def draw_seed(self):
+    def draw_seed(self) -> tf.Tensor:
         """A fresh int64 pair from the generator: the seed of one encoding's draws
         (the C++ ops draw each value's from it and the value's index)."""
         return self.generator.make_seeds(1)[:, 0]

@@ -7,7 +7,7 @@ each replica. `ChunkedTopK` sends the same: per chunk, the positions of its larg
 magnitudes in ceil(log2(chunk)) bits each, and a 2-bit code per kept value.
 """
 import math
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
@@ -65,7 +65,7 @@ class ChunkedTopK(base.ReconstructingCodec):
         self.density = density
         self.chunk = base.check_integer(chunk, "ChunkedTopK chunk", MIN_CHUNK, MAX_CHUNK)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"density": self.density, "chunk": self.chunk}
 
     @property
@@ -78,7 +78,7 @@ class ChunkedTopK(base.ReconstructingCodec):
         """Bits of one position within a chunk: ceil(log2(chunk))."""
         return max(1, (self.chunk - 1).bit_length())
 
-    def payload_nbytes(self, shape: base.Shape, dtype=tf.float32) -> int:
+    def payload_nbytes(self, shape: base.Shape, dtype: tf.DType = tf.float32) -> int:
         """The exact bytes of the payload of a tensor of `shape` and `dtype`:
         ceil(K * ceil(log2(chunk)) / 8) + ceil(K * 2 / 8) + 2 * chunks * dtype.size
         + 4 * rank, K the entries of all the chunks."""
@@ -115,7 +115,7 @@ class ChunkedTopK(base.ReconstructingCodec):
                                            self.chunk, self.kept)
         return base.with_static_shape(tf.cast(dense, dtype), dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding as float32 and its cast to the levels' dtype, and the levels as
         float32 (two per chunk)."""
         return 4 + base.extra_bytes(fields["levels"].dtype) + 8 / self.chunk

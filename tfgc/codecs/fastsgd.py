@@ -7,7 +7,7 @@ L(v) = ceil(log_b R(v)); values with L > tau are dropped (early stop: |v| < sum 
 never reaches the logarithm). The receiver rebuilds |v| = sum / b^L, which never exceeds
 the true |v| (the paper's deliberate underestimate), with the sign kept.
 """
-from typing import Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import tensorflow as tf
 
@@ -53,7 +53,7 @@ class FastSGD(base.Codec):
             raise ValueError(f"FastSGD base must be > 1, got {base}")
         self.base, self.threshold, self.flag_bits = base, threshold, flag_bits
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"base": self.base, "threshold": self.threshold, "flag_bits": self.flag_bits}
 
     # --- encoding ------------------------------------------------------------------
@@ -159,7 +159,7 @@ class FastSGD(base.Codec):
         dense = tf.scatter_nd(keys[:, None], values, tf.reshape(tf.cast(n, tf.int64), [1]))
         return tf.reshape(dense, dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """Dense payloads: the decoding and, per kept value (at most one per element),
         its key (int64, and its copy as an index), its code as an index (int32) and its
         value. Rows sent alone (`decode_values`), per element of the rows: the
@@ -202,7 +202,7 @@ def _complement(positions, count):
     return tf.reshape(tf.where(taken == 0), [-1])
 
 
-def bits_per_key(payload):
+def bits_per_key(payload: base.Payload) -> tf.Tensor:
     """Key cost of a FastSGD payload: packed key bits per sent value (header included)."""
     count = tf.maximum(tf.size(payload["values"]), 1)
     return 8.0 * tf.cast(tf.size(payload["keys"]), tf.float32) / tf.cast(count, tf.float32)

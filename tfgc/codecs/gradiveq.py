@@ -50,7 +50,7 @@ most PCA over L_t samples can use. The all-reduce face is in
 tfgc.codecs.gradiveq_all_reduce.
 """
 import functools
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
@@ -158,7 +158,7 @@ class GradiVeQ(base.PerVariableSettings):
         self.centred = bool(centred)
         self.pool_slices = bool(pool_slices)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "loss_threshold": self.loss_threshold,
             "slice_multiple": self.slice_multiple,
@@ -276,12 +276,12 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
                 with tf.device(self.phase.device):
                     self._schedule_lock = tf.CriticalSection(name="schedule_lock")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return self.settings.get_config()
 
     # --- slicing and the linear map (Eq. 3, 5) -------------------------------------------
 
-    def slices(self, x):
+    def slices(self, x: tf.Tensor) -> tf.Tensor:
         """[H, W, D, F] -> [S, K] float32: row-major order is Fig. 3(a)'s flattening."""
         return tf.reshape(tf.cast(x, tf.float32), [self.num_slices, self.slice_size])
 
@@ -294,7 +294,8 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
     def _ungrouped(self, grouped):
         return tf.reshape(grouped, [self.num_groups * self.reuse, -1])[: self.num_slices]
 
-    def compress(self, slices, num_workers=1, compressor=None):
+    def compress(self, slices: tf.Tensor, num_workers: int = 1,
+                 compressor: Optional[tuple[tf.Tensor, tf.Tensor]] = None) -> tf.Tensor:
         """Eq. 3: [S, K] slices -> [S, d] coefficients U_d^T (g - mu / N), with
         `compressor` = (U, mu) (default: the state's)."""
         basis, mean = compressor or (self.basis, self.mean)
@@ -319,7 +320,8 @@ class GradiVeQLayer(AllReduceFace, Schedule, tf.Module, base.Codec):
                                       copy["version"].assign(version)]):
             return tf.identity(basis), tf.identity(mean)
 
-    def decompress(self, coefficients, num_workers=1, compressor=None):
+    def decompress(self, coefficients: tf.Tensor, num_workers: int = 1,
+                   compressor: Optional[tuple[tf.Tensor, tf.Tensor]] = None) -> tf.Tensor:
         """Eq. 5 (Eq. 7's local form for num_workers > 1): [S, d] -> [S, K] slices
         U_d g' + mu / num_workers, with `compressor` = (U, mu) (default: the state's)."""
         basis, mean = compressor or (self.basis, self.mean)

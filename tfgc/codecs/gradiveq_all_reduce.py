@@ -7,10 +7,30 @@ collectives, one all-reduce (float32) and one all-gather (int32) whose lengths d
 the phase; the one a phase does not need carries a single word, since TensorFlow's
 collectives crash on empty tensors.
 """
+from typing import TYPE_CHECKING, Protocol
+
 import tensorflow as tf
 
 from tfgc.codecs import base
 from tfgc.codecs.gradiveq_schedule import COMPRESSED, plain_python
+
+if TYPE_CHECKING:
+    class _Layer(Protocol):
+        """What `AllReduceFace.all_reduce` reads of the `GradiVeQLayer` it is part of
+        (the mixin's self, as mypy sees it)."""
+
+        kernel_shape: list[int]
+        phase: tf.Variable
+
+        @property
+        def name(self) -> str: ...
+
+        def _check_shape(self, x: tf.Tensor) -> None: ...
+
+        def _qsgd_data_bytes(self) -> int: ...
+
+        def _advance(self, phase: tf.Tensor, total: tf.Tensor, votes: tf.Tensor,
+                     num_workers: int, is_sample: bool = True) -> tf.Operation: ...
 
 
 class AllReduceFace:
@@ -18,7 +38,9 @@ class AllReduceFace:
     sampler and schedule)."""
 
     @plain_python
-    def all_reduce(self, gradient, replica_context):
+    def all_reduce(self: "_Layer", gradient: tf.Tensor,
+                   replica_context: tf.distribute.ReplicaContext
+                   ) -> tuple[tf.Tensor, tf.Tensor]:
         """Sums every replica's `gradient` as the current phase says; advances the schedule.
 
         Returns:

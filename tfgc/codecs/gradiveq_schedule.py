@@ -1,9 +1,27 @@
 """GradiVeQ's schedule and PCA (Yu et al., section 4): the per-layer state that moves
 through warm-up, sampling and compressed phases, and the refresh that turns the
 sampling phase's gradients into the compressor U_d, mu, d (Eq. 6)."""
+from typing import TYPE_CHECKING, Protocol
+
 import tensorflow as tf
 
 from tfgc.codecs import base
+
+if TYPE_CHECKING:
+    from tfgc.codecs.gradiveq import GradiVeQ
+
+    class _Layer(Protocol):
+        """What `Schedule.refresh` reads of the `GradiVeQLayer` it is part of (the
+        mixin's self, as mypy sees it)."""
+
+        settings: GradiVeQ
+        max_dim: int
+        samples: tf.Variable
+        mean: tf.Variable
+        basis: tf.Variable
+        dim: tf.Variable
+        retained: tf.Variable
+        refreshes: tf.Variable
 
 WARMUP, SAMPLING, COMPRESSED = 0, 1, 2
 PHASES = ("warmup", "sampling", "compressed")
@@ -58,7 +76,7 @@ class Schedule:
         )
 
     @plain_python
-    def refresh(self):
+    def refresh(self: "_Layer") -> tf.Tensor:
         """PCA over the stored samples: sets mu, U_d and d (Eq. 6). Returns True.
 
         The covariance's eigenvectors are the right singular vectors of the centred

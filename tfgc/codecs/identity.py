@@ -1,6 +1,6 @@
 """The uncompressed baseline and the 16-bit casts practitioners compare against first."""
 import collections.abc
-from typing import Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -35,7 +35,7 @@ class NoCompression(base.Codec):
             fields["values"], self, expected_shape,
             bytes_per_element=self.decoded_bytes_per_element(fields))
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding is the payload's values: nothing is allocated, and they are
         bounded as the dense tensor they are (for IndexedSlices: a receiver may make)."""
         return fields["values"].dtype.size
@@ -73,7 +73,7 @@ class Cast(base.Codec):
             raise ValueError(f"Cast sends float16 or bfloat16, got {self.dtype.name}")
         self._cast = base.CompiledForLarge(self._saturating_cast)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"dtype": self.dtype.name}
 
     def encode(self, x: tf.Tensor) -> base.Payload:
@@ -95,7 +95,7 @@ class Cast(base.Codec):
             bytes_per_element=self.decoded_bytes_per_element(fields))
         return tf.cast(values, fields["dtype"].dtype)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding, in the marker's dtype."""
         return fields["dtype"].dtype.size
 

@@ -1,5 +1,5 @@
 """Logarithmic quantization (LogQuant, Miyashita et al. 2016): signed powers of two."""
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
@@ -26,7 +26,7 @@ class LogQuant(base.ReconstructingCodec):
     def __init__(self, bits: int = 4) -> None:
         self.bits = quantize.check_bits(bits, "LogQuant bits")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"bits": self.bits}
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
@@ -52,7 +52,7 @@ class LogQuant(base.ReconstructingCodec):
         values = tfgc_ops.log_levels_decode(fields["data"], fields["scale"], n, self.bits)
         return tf.reshape(tf.cast(values, fields["dtype"].dtype), dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding as float32, and cast to the payload's dtype."""
         return 4 + base.extra_bytes(fields["dtype"].dtype)
 

@@ -1,5 +1,5 @@
 """1-bit quantization with squared-error-minimizing values (1-bit SGD, Seide et al. 2014)."""
-from typing import Optional
+from typing import Mapping, Optional
 
 import tensorflow as tf
 
@@ -44,7 +44,7 @@ class OneBit(base.ReconstructingCodec):
         values = tf.where(upper, fields["positive"], fields["negative"])
         return tf.reshape(values, dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The unpacked bits (int32, then bool) and the decoding."""
         return 4 + 1 + fields["positive"].dtype.size
 

@@ -28,7 +28,7 @@ would not shrink by `min_compression_rate`, `NoCompression()` (`Cast("bfloat16")
 bfloat16 factors, as PyTorch's bf16 wrapper sends the tensors its hook leaves alone).
 """
 import zlib
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
@@ -76,7 +76,7 @@ class PowerSGD(base.PerVariableSettings):
                 "PowerSGD factors_dtype is float32 or bfloat16 (float16's range does not "
                 f"hold P = M Q of large gradients), got {self.factors_dtype.name}")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"rank": self.rank, "min_compression_rate": self.min_compression_rate,
                 "start_step": self.start_step, "seed": self.seed,
                 "factors_dtype": self.factors_dtype.name}
@@ -149,7 +149,7 @@ class PowerSGDLayer(tf.Module, base.Codec):
             self.q = base.sender_state(self._first_q, "q", topology)
             self.step = base.sender_state(tf.constant(0, tf.int64), "step", topology)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return self.settings.get_config()
 
     # --- the codec face (one process, ParameterServerStrategy) ---------------------------
@@ -219,7 +219,9 @@ class PowerSGDLayer(tf.Module, base.Codec):
         return total, nbytes
 
     @staticmethod
-    def all_reduce_group(layers, gradients, replica_context):
+    def all_reduce_group(layers: Sequence["PowerSGDLayer"], gradients: Sequence[tf.Tensor],
+                         replica_context: tf.distribute.ReplicaContext
+                         ) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
         """The module's `all_reduce_group`: several layers' sums in one set of
         collectives (the wire groups the variables whose codecs offer it)."""
         return all_reduce_group(layers, gradients, replica_context)
@@ -316,7 +318,7 @@ class PowerSGDLayer(tf.Module, base.Codec):
 
 def all_reduce_group(layers: Sequence[PowerSGDLayer], gradients: Sequence[tf.Tensor],
                      replica_context: tf.distribute.ReplicaContext
-                     ) -> tuple[list[tf.Tensor], list[tf.Tensor], tf.Tensor]:
+                     ) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
     """Sums every replica's `gradients`, one per layer of `layers`, with two all-reduces
     for all of them (PyTorch's batched hook does the same): every layer's P laid end to
     end, then every Q.

@@ -1,5 +1,5 @@
 """Uniform integer quantization: MQGrad's K-bit quantizer and the 8-bit int baseline."""
-from typing import Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import tensorflow as tf
 
@@ -31,13 +31,13 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         else:
             self.bits = tf.Variable(check_bits(bits), dtype=tf.int32, trainable=False, name="bits")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"bits": int(self.bits.numpy())}
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
         return self._quantize(base.check_floating(x, self.name))
 
-    def encode_with_bits(self, x, bits):
+    def encode_with_bits(self, x: tf.Tensor, bits: Union[int, tf.Tensor]) -> base.Payload:
         """The payload of `x` quantized with `bits` (2..8, a number or an int32 tensor)
         instead of `self.bits`, e.g. to size what a number of bits would send."""
         x = base.check_floating(x, self.name)
@@ -86,7 +86,7 @@ class Quantize(tf.Module, base.ReconstructingCodec):
         values = tf.cast(low + codes * step, fields["min"].dtype)
         return tf.reshape(values, dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The unpacked codes (int32, then float32), two float32 steps of the
         dequantization, and its cast to the payload's dtype."""
         return 4 + 4 + 4 + 4 + base.extra_bytes(fields["min"].dtype)
@@ -139,7 +139,7 @@ def _levels(bits):
     return tf.cast(tf.bitwise.left_shift(1, bits) - 1, tf.float32)
 
 
-def check_bits(bits, what="bits"):
+def check_bits(bits: Union[int, float], what: str = "bits") -> int:
     """`bits` as an int once checked to be an integer in [MIN_BITS, MAX_BITS]."""
     return base.check_integer(bits, what, MIN_BITS, MAX_BITS)
 
@@ -175,7 +175,7 @@ class Int8(base.ReconstructingCodec):
         values = tf.cast(tf.cast(data, tf.float32) * tf.cast(scale, tf.float32), scale.dtype)
         return base.with_static_shape(values, dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The codes as float32, scaled, and cast to the payload's dtype."""
         return 4 + 4 + base.extra_bytes(fields["scale"].dtype)
 

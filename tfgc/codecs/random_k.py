@@ -1,7 +1,7 @@
 """Random-k sparsification: values at random positions that sender and receiver both
 derive from a seed the payload carries."""
 import zlib
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
@@ -56,7 +56,7 @@ class RandomK(base.StochasticCodec):
         """Whether E[decode] = x: with `rescale` only."""
         return self.rescale
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"fraction": self.fraction, "seed": self.seed, "rescale": self.rescale}
 
     def bind(self, variable: tf.Variable,
@@ -98,7 +98,7 @@ class RandomK(base.StochasticCodec):
         positions, _ = _positions(n, self.fraction, fields["seed"])
         return tf.reshape(_expand(positions, values, n), dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding in the values' dtype (through a float32 vector, for float32,
         float16 and bfloat16) and, per position drawn (a `fraction` of the elements),
         five int64 vectors while drawing and two copies as it is scattered."""

@@ -52,7 +52,7 @@ def plain_nbytes(slices: tf.IndexedSlices) -> tf.Tensor:
     return values + tf.size(slices.indices, out_type=tf.int64) * slices.indices.dtype.size
 
 
-def is_rows_payload(payload) -> bool:
+def is_rows_payload(payload: base.Payload) -> bool:
     """Whether `payload` is a `SparseRows` payload."""
     return isinstance(payload, collections.abc.Mapping) and "rows" in payload
 

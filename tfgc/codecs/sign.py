@@ -1,6 +1,6 @@
 """Scaled sign: one bit per value and one scale per tensor (EF-SignSGD, Karimireddy et
 al. 2019)."""
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -46,7 +46,7 @@ class ScaledSign(base.ReconstructingCodec):
         positive = bitpack.unpack_bits(data, 1, n) > 0
         return tf.reshape(tf.where(positive, scale, -scale), dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The unpacked bits (int32, then bool) and the decoding."""
         return 4 + 1 + fields["scale"].dtype.size
 
@@ -98,7 +98,7 @@ class Signum(base.PerVariableSettings):
             raise TypeError(f"Signum majority_vote must be a bool, got {majority_vote!r}")
         self.majority_vote = majority_vote
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"momentum": self.momentum, "majority_vote": self.majority_vote}
 
     def bind(self, variable: tf.Variable, topology: Optional[base.Topology] = None,
@@ -140,7 +140,7 @@ class SignumLayer(tf.Module, ScaledSign):
             self.momentum = base.sender_state(tf.zeros(self.shape, tf.float32), "momentum",
                                               topology or base.Topology())
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return self.settings.get_config()
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
@@ -170,7 +170,7 @@ class SignumLayer(tf.Module, ScaledSign):
         with tf.control_dependencies([self.momentum.assign(momentum, read_value=False)]):
             return tf.constant(True)
 
-    def combine(self, decodings):
+    def combine(self, decodings: Sequence[tf.Tensor]) -> tf.Tensor:
         """The senders' decodings summed, or with `majority_vote` the sign of the sum of
         their signs times the sum of their scales (each decoding is +-its scale)."""
         if not self.settings.majority_vote:

@@ -4,7 +4,7 @@ Both drop most values; run them under `tfgc.ErrorFeedback` so that what is not s
 kept for later steps (as 3LC's baselines do). Non-finite values are always sent, so a
 failed step stays visible after decoding.
 """
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
@@ -35,7 +35,7 @@ class Sparsify(base.ReconstructingCodec):
     def __init__(self, fraction: float = 0.25) -> None:
         self.fraction = _share(fraction, "Sparsify fraction")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"fraction": self.fraction}
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
@@ -73,7 +73,7 @@ class Sparsify(base.ReconstructingCodec):
         dense = tf.scatter_nd(positions, values, tf.reshape(tf.cast(n, tf.int64), [1]))
         return tf.reshape(dense, dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """float32, float16 and bfloat16: the kept values and the decoding as float32
         (and the decoding cast back); float64: the unpacked bitmap (int32 and bool), the
         kept positions (int64) and the decoding."""
@@ -94,7 +94,7 @@ class TopK(base.ReconstructingCodec):
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = _share(ratio, "TopK ratio")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"ratio": self.ratio}
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
@@ -138,7 +138,7 @@ class TopK(base.ReconstructingCodec):
         dense = tf.scatter_nd(indices[:, None], values, size)
         return tf.reshape(dense, dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding (as float32 for float32, float16 and bfloat16 values, cast back)
         and, per kept value, at most one per element, a copy of its index and value."""
         dtype, index = fields["values"].dtype, fields["indices"].dtype
@@ -155,7 +155,7 @@ _TOPK_FIELDS = {
 }
 
 
-def largest(magnitude, k):
+def largest(magnitude: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
     """Mask of the k largest values of `magnitude` (finite, >= 0), zeros never included.
 
     A non-negative float32's bit pattern orders like its value, so the value of rank k

@@ -1,5 +1,5 @@
 """Unbiased stochastic quantizers: TernGrad-like 3-values and QSGD."""
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
@@ -22,7 +22,7 @@ class StochasticTernary(base.StochasticCodec):
     def __init__(self, seed: Optional[int] = None) -> None:
         super().__init__(seed=seed, name="stochastic_ternary")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"seed": self.seed}
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
@@ -46,7 +46,7 @@ class StochasticTernary(base.StochasticCodec):
         values = tfgc_ops.quartic_unfold(fields["data"], n, tf.cast(scale, tf.float32))
         return tf.reshape(tf.cast(values, scale.dtype), dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding as float32, and cast to the payload's dtype."""
         return 4 + base.extra_bytes(fields["scale"].dtype)
 
@@ -83,7 +83,7 @@ class QSGD(base.StochasticCodec):
         self.bucket_size = bucket_size
         self.levels = 2 ** (self.bits - 1) - 1
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"bits": self.bits, "bucket_size": self.bucket_size, "seed": self.seed}
 
     def encode_and_reconstruct(self, x: tf.Tensor) -> tuple[base.Payload, tf.Tensor]:
@@ -108,7 +108,7 @@ class QSGD(base.StochasticCodec):
                                       self.bits, self.bucket_size)
         return tf.reshape(tf.cast(values, norms.dtype), dims)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The decoding as float32, and cast to the payload's dtype."""
         return 4 + base.extra_bytes(fields["norms"].dtype)
 
@@ -120,14 +120,14 @@ class SeededQSGD(QSGD):
     """QSGD whose rounding draws are stateless in a seed (no generator variable to
     keep in sync across replicas), exposing its payload's parts."""
 
-    def __init__(self, bits, bucket_size):
+    def __init__(self, bits: int, bucket_size: int) -> None:
         super().__init__(bits=bits, bucket_size=bucket_size, seed=0)
         self._draw_seed = None
 
-    def draw_seed(self):
+    def draw_seed(self) -> tf.Tensor:
         return self._draw_seed
 
-    def encode_parts(self, flat, seed):
+    def encode_parts(self, flat: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         self._draw_seed = seed
         try:
             payload = self.encode(flat)
@@ -135,6 +135,6 @@ class SeededQSGD(QSGD):
             self._draw_seed = None
         return payload["data"], tf.cast(payload["norms"], tf.float32)
 
-    def decode_parts(self, data, norms, n):
+    def decode_parts(self, data: tf.Tensor, norms: tf.Tensor, n: int) -> tf.Tensor:
         return self.decode({"data": data, "norms": norms, "shape": tf.constant([n], tf.int32)},
                            expected_shape=[n])

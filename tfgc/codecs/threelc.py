@@ -12,7 +12,7 @@ of the same quartic bytes (another C++ op): the decoded values are the same, the
 bytes 1.86-1.91x (s = 1) and 2.18-2.44x (s = 1.75) fewer than zero-run encoding's on
 ResNet-20's gradients under error feedback, in two runs (docs/results/codecs.md).
 """
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -97,9 +97,9 @@ class ThreeLC(base.Codec):
         self.sparsity = sparsity
         self.coder = coder
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         # The default coder is left out: the default codec reads `ThreeLC(sparsity=...)`.
-        config = {"sparsity": self.sparsity}
+        config: dict[str, Any] = {"sparsity": self.sparsity}
         if self.coder != "zre":
             config["coder"] = self.coder
         return config
@@ -144,7 +144,7 @@ class ThreeLC(base.Codec):
         shape = tf.TensorShape(dims) if isinstance(dims, list) else dims
         return _unfold_and_scale(folded, fields["scale"], shape)
 
-    def decoded_bytes_per_element(self, fields) -> float:
+    def decoded_bytes_per_element(self, fields: Mapping[str, tf.Tensor]) -> float:
         """The quartic bytes (one per five values), the decoding as float32, and its
         cast to the payload's dtype."""
         return 0.2 + 4 + base.extra_bytes(fields["scale"].dtype)

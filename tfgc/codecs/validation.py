@@ -28,9 +28,13 @@ import functools
 import inspect
 import math
 import numbers
+from typing import TYPE_CHECKING, Any, Final, Literal, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from tfgc.codecs.base import Codec, Payload, Shape
 
 MAX_ELEMENTS = 2**31 - 1  # shapes travel as int32
 #: The most bytes a decoding may allocate (its output and its intermediates) when its
@@ -53,7 +57,8 @@ class MalformedPayloadError(tf.errors.InvalidArgumentError, ValueError):
     raise, and a `ValueError`.
     """
 
-    def __init__(self, node_def, op=None, message=None, *args):
+    def __init__(self, node_def: Any, op: Optional[tf.Operation] = None,
+                 message: Optional[str] = None, *args: Any) -> None:
         # Raised here with the message alone; TensorFlow re-raising one from traced code
         # (autograph) passes node_def, op and message, as to any InvalidArgumentError.
         if op is None and message is None:
@@ -69,7 +74,8 @@ def _takes_expected_shape(codec_type):
         return False
 
 
-def decode_expecting(codec, payload, expected_shape):
+def decode_expecting(codec: "Codec", payload: "Payload",
+                     expected_shape: Optional["Shape"]) -> tf.Tensor:
     """`codec.decode(payload, expected_shape=...)` where the shape is fully defined, else
     `codec.decode(payload)`; also for a codec whose `decode` takes no expected shape
     (one defined outside this package, a wrapper)."""
@@ -79,27 +85,27 @@ def decode_expecting(codec, payload, expected_shape):
     return codec.decode(payload)
 
 
-def decoded_byte_bound(codec):
+def decoded_byte_bound(codec: "Codec") -> int:
     """The most bytes `codec`'s decoding may allocate without an expected shape."""
     bound = getattr(codec, "max_decoded_bytes", None)
     return MAX_DECODED_BYTES if bound is None else int(bound)
 
 
-def decoded_element_bound(codec):
+def decoded_element_bound(codec: "Codec") -> int:
     """The most elements `codec` decodes to without an expected shape (deprecated: see
     `MAX_DECODED_ELEMENTS`)."""
     bound = getattr(codec, "max_decoded_elements", None)
     return MAX_DECODED_ELEMENTS if bound is None else int(bound)
 
 
-def extra_bytes(dtype, computed=tf.float32):
+def extra_bytes(dtype: tf.DType, computed: tf.DType = tf.float32) -> int:
     """Bytes per element of a cast from `computed` (what a decoder computes in) to
     `dtype`: none where they are the same dtype (the cast is no op)."""
     dtype = tf.as_dtype(dtype)
     return 0 if dtype == tf.as_dtype(computed) else dtype.size
 
 
-def bytes_per_element(codec, fields):
+def bytes_per_element(codec: "Codec", fields: Mapping[str, tf.Tensor]) -> float:
     """`codec.decoded_bytes_per_element(fields)`, or 4 (one float32) for a codec without
     it."""
     per_element = getattr(codec, "decoded_bytes_per_element", None)
@@ -115,19 +121,20 @@ class Field:
       size: its number of elements, or None for any (checked where static).
     """
 
-    def __init__(self, dtypes, rank=None, size=None):
+    def __init__(self, dtypes: Union[tuple[tf.DType, ...], Literal["floating"]],
+                 rank: Optional[int] = None, size: Optional[int] = None) -> None:
         self.dtypes, self.rank, self.size = dtypes, rank, size
 
-    def describe(self):
+    def describe(self) -> str:
         if self.dtypes == FLOATING:
             return "a floating dtype"
         return " or ".join(dtype.name for dtype in self.dtypes)
 
-    def admits(self, dtype):
+    def admits(self, dtype: tf.DType) -> bool:
         return dtype.is_floating if self.dtypes == FLOATING else dtype in self.dtypes
 
 
-FLOATING = "floating"
+FLOATING: Final = "floating"
 INDEX_DTYPES = (tf.int32, tf.int64)
 SHAPE = Field(INDEX_DTYPES, rank=1)  # a declared shape
 BYTES = Field((tf.uint8,), rank=1)
@@ -136,7 +143,8 @@ FLOAT_VECTOR = Field(FLOATING, rank=1)
 DTYPE_MARKER = Field(FLOATING, rank=1, size=0)  # an empty tensor of the input's dtype
 
 
-def check_payload(payload, codec_name, fields):
+def check_payload(payload: "Payload", codec_name: str,
+                  fields: Mapping[str, Field]) -> dict[str, tf.Tensor]:
     """The fields of `payload` as tensors, once checked against `fields`.
 
     Static checks only (no op is added): the keys are exactly those of `fields`, and
@@ -181,7 +189,8 @@ def check_payload(payload, codec_name, fields):
     return checked
 
 
-def check_same_dtype(fields, keys, codec_name):
+def check_same_dtype(fields: Mapping[str, tf.Tensor], keys: Sequence[str],
+                     codec_name: str) -> None:
     """Raises MalformedPayloadError unless the checked `fields` at `keys` share a dtype."""
     first = fields[keys[0]].dtype
     for key in keys[1:]:
@@ -191,7 +200,7 @@ def check_same_dtype(fields, keys, codec_name):
                 f"{first.name} as {keys[0]!r}")
 
 
-def static_dims(shape, codec_name, what="expected_shape"):
+def static_dims(shape: "Shape", codec_name: str, what: str = "expected_shape") -> list[int]:
     """A fully defined shape (list, tuple or `tf.TensorShape`) as a list of ints."""
     shape = tf.TensorShape(shape)
     if not shape.is_fully_defined():
@@ -199,8 +208,9 @@ def static_dims(shape, codec_name, what="expected_shape"):
     return shape.as_list()
 
 
-def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape",
-                  bytes_per_element=4):
+def checked_shape(codec: "Codec", shape: tf.Tensor, expected_shape: Optional["Shape"] = None,
+                  dense: bool = True, key: str = "shape", bytes_per_element: float = 4
+                  ) -> tuple[Union[list[int], tf.Tensor], Union[int, tf.Tensor]]:
     """The shape a payload declares, checked before anything is allocated for it.
 
     With `expected_shape`, the declared shape must be it; without, its decoding must
@@ -292,7 +302,11 @@ def checked_shape(codec, shape, expected_shape=None, dense=True, key="shape",
         return tf.identity(wide), tf.reduce_prod(wide)
 
 
-def checked_payload(codec, payload, fields, expected_shape=None, key="shape", dense=True):
+def checked_payload(codec: "Codec", payload: "Payload", fields: Mapping[str, Field],
+                    expected_shape: Optional["Shape"] = None, key: str = "shape",
+                    dense: bool = True
+                    ) -> tuple[dict[str, tf.Tensor], Union[list[int], tf.Tensor],
+                               Union[int, tf.Tensor]]:
     """`check_payload` and `checked_shape` of its `key` field, whose decoding takes
     `bytes_per_element(codec, fields)` bytes per element: (fields, dims, n)."""
     checked = check_payload(payload, codec.name, fields)
@@ -301,7 +315,7 @@ def checked_payload(codec, payload, fields, expected_shape=None, key="shape", de
     return checked, dims, n
 
 
-def with_static_shape(tensor, dims):
+def with_static_shape(tensor: tf.Tensor, dims: Union[list[int], tf.Tensor]) -> tf.Tensor:
     """`tensor`, whose checks have established it holds prod(dims) values, in the shape
     `dims` (a list of ints, or a tensor).
 
@@ -338,8 +352,9 @@ def _above_bound(name, key, dims, n, bound):
             "raise the codec's max_decoded_elements")
 
 
-def check_decoded_field(tensor, codec, expected_shape=None, key="values",
-                        bytes_per_element=None):
+def check_decoded_field(tensor: tf.Tensor, codec: "Codec",
+                        expected_shape: Optional["Shape"] = None, key: str = "values",
+                        bytes_per_element: Optional[float] = None) -> tf.Tensor:
     """`tensor`, a payload field of the decoding's own shape (NoCompression, Cast), once
     its shape is checked to be `expected_shape`, or else its decoding to be within the
     codec's bounds (`bytes_per_element`: what the decoding takes per element, None: the
@@ -386,7 +401,8 @@ def check_decoded_field(tensor, codec, expected_shape=None, key="values",
         return tf.identity(tensor)
 
 
-def check_integer(value, what, low=None, high=None):
+def check_integer(value: Union[int, float], what: str, low: Optional[int] = None,
+                  high: Optional[int] = None) -> int:
     """`value` as an int once checked to be an integer in [low, high] (None: unbounded).
 
     An integral float (4.0, as a config may hold) is accepted; a fraction is refused,
@@ -407,7 +423,7 @@ def check_integer(value, what, low=None, high=None):
     return value
 
 
-def check_real(value, what):
+def check_real(value: float, what: str) -> float:
     """`value` as a float once checked to be a finite real number.
 
     Raises:
@@ -422,7 +438,7 @@ def check_real(value, what):
     return value
 
 
-def check_floating(x, codec_name):
+def check_floating(x: Any, codec_name: str) -> tf.Tensor:
     """Converts `x` to a tensor and checks it is a floating tensor of a supported size."""
     x = tf.convert_to_tensor(x)
     if not x.dtype.is_floating:
@@ -435,7 +451,7 @@ def check_floating(x, codec_name):
     return x
 
 
-def check_one_dtype(tensors, codec_name):
+def check_one_dtype(tensors: Sequence[tf.Tensor], codec_name: str) -> None:
     """Raises ValueError unless `tensors` (a non-empty list) share one dtype."""
     dtypes = {x.dtype for x in tensors}
     if len(dtypes) != 1:
@@ -443,7 +459,8 @@ def check_one_dtype(tensors, codec_name):
                          f"{sorted(d.name for d in dtypes) or 'no tensor'}")
 
 
-def check_size(tensor, expected, codec_name, key="data"):
+def check_size(tensor: tf.Tensor, expected: Union[int, tf.Tensor], codec_name: str,
+               key: str = "data") -> tf.Tensor:
     """`tensor` once its size is checked to be `expected` (a malformed payload fails):
     at once where both are known while the decode is built, else when it runs."""
     size = tensor.shape.num_elements()

@@ -4,6 +4,7 @@ counters (see `tfgc.optimizer`)."""
 import json
 import sys
 import warnings
+from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 
@@ -12,18 +13,21 @@ from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
     zeros_of,
 )
-from tfgc.local_steps import as_outer_optimizer, check_local_steps
+from tfgc.local_steps import OuterSGD, as_outer_optimizer, check_local_steps
 from tfgc.optimizer import saved_settings, xla
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
 from tfgc.variables import PulledVariable
 from tfgc.wire import choose_wire
 from tfgc.wire.encoder import DEFAULT_SMALL_COMPRESSION, Encoder, small_codec
-from tfgc.wire.wires import DEFAULT_BUCKET_BYTES
+from tfgc.wire.wires import DEFAULT_BUCKET_BYTES, Wire
 
 __all__ = ["CompressingBase", "DIRECTIONS", "DEFAULT_SMALL_COMPRESSION", "compressing_optimizer"]
 
 
-def compressing_subclass(mixin, optimizer_class, cache, register):
+def compressing_subclass(mixin: type["CompressingBase"], optimizer_class: type[Any],
+                         cache: dict[type[Any], type[Any]],
+                         register: Callable[..., Callable[[type[Any]], type[Any]]]
+                         ) -> type[Any]:
     """`Distributed<Name>(mixin, optimizer_class)`, made once per class (in `cache`) and
     registered with Keras serialization as "tfgc>Distributed<Name>" (`register`: a
     `register_keras_serializable`), so saved models load wherever tfgc is imported."""
@@ -51,11 +55,16 @@ class CompressingBase:
 
     runs_local_steps = False  # whether the Keras flavour has local steps (tfgc.local_steps)
 
-    def __init__(self, *args, compression, pull_compression=None,
-                 min_elements=DEFAULT_MIN_ELEMENTS, error_feedback=True,
-                 small_compression=DEFAULT_SMALL_COMPRESSION,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, local_steps=1, outer_optimizer=None,
-                 sparse_error_feedback=False, **kwargs):
+    def __init__(self, *args: Any, compression: Union[codecs.Codec, dict[str, Any]],
+                 pull_compression: Union[codecs.Codec, dict[str, Any], None] = None,
+                 min_elements: int = DEFAULT_MIN_ELEMENTS,
+                 error_feedback: Union[bool, memory.ResidualFeedback, dict[str, Any],
+                                       None] = True,
+                 small_compression: Union[str, codecs.Codec, dict[str, Any],
+                                          None] = DEFAULT_SMALL_COMPRESSION,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, local_steps: int = 1,
+                 outer_optimizer: Union[OuterSGD, dict[str, Any], None] = None,
+                 sparse_error_feedback: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
                                small_compression, bucket_bytes, sparse_error_feedback)
@@ -81,7 +90,7 @@ class CompressingBase:
         children[saved_settings.CHILD] = self._saved_settings
         return children
 
-    def checkpoint_settings(self):
+    def checkpoint_settings(self) -> dict[str, Any]:
         """The settings that give this optimizer's checkpointed state its meaning: codecs,
         error feedback, local steps (what a restore compares; see
         `tfgc.optimizer.saved_settings`)."""
@@ -128,7 +137,7 @@ class CompressingBase:
             pulls.offer(self)
 
     @property
-    def built_compression(self):
+    def built_compression(self) -> bool:
         """Whether the codecs and counters of this optimizer's variables exist: once they
         do, its variables are fixed."""
         return self._traffic is not None
@@ -167,7 +176,7 @@ class CompressingBase:
         )
         return config
 
-    def wire_settings(self):
+    def wire_settings(self) -> str:
         """What every replica must agree on for compressed updates to stay in step (a
         JSON string, read when the optimizer is built)."""
         if self._settings is None:
@@ -175,7 +184,7 @@ class CompressingBase:
                                         default=str)
         return self._settings
 
-    def compresses(self, variable):
+    def compresses(self, variable: tf.Variable) -> bool:
         """True when `variable`'s gradients are compressed by `compression`."""
         return self.encoder.compresses(variable)
 
@@ -205,7 +214,7 @@ class CompressingBase:
                                              self._variable_index)
         self.encoder.build(var_list, residual_variable)
 
-    def pull_codecs(self):
+    def pull_codecs(self) -> Optional[pulls.PullCodecs]:
         """How this optimizer pulls a model (a `tfgc.pulls.PullCodecs`), or None
         without `pull_compression`."""
         if self.pull_compression is None:
@@ -242,34 +251,34 @@ class CompressingBase:
                 owner.count_pending()
 
     @property
-    def traffic_counters(self):
+    def traffic_counters(self) -> Optional[TrafficCounters]:
         """The `tfgc.traffic.TrafficCounters` its wires and pulls add to (None until
         built)."""
         return self._counters
 
     @property
-    def traffic(self):
+    def traffic(self) -> Optional[dict[str, tf.Tensor]]:
         """Cumulative bytes as scalar tensors: `push_bytes`, `push_plain_bytes`,
         `push_dense_bytes` (the gradients pushed: compressed, as plain TensorFlow sends
         them, and as dense tensors), and the same `pull_` keys (model pulls); None until
         built."""
         return None if self._counters is None else self._counters.totals()
 
-    def traffic_by_variable(self):
+    def traffic_by_variable(self) -> dict[str, dict[str, int]]:
         """{variable name: {"push_bytes", "push_plain_bytes", "push_dense_bytes", and
         the same for "pull"}} as Python ints, cumulative (eager only)."""
         return {} if self._counters is None else self._counters.by_variable()
 
-    def codec_for(self, variable):
+    def codec_for(self, variable: tf.Variable) -> codecs.Codec:
         """The codec bound to `variable` (see `Codec.bind`)."""
         return self.encoder.bound_codec(variable)
 
-    def wire_codec(self, variable):
+    def wire_codec(self, variable: tf.Variable) -> codecs.Codec:
         """The codec `variable`'s gradients travel with: its bound codec, or the
         small-tensor codec below `min_elements`."""
         return self.encoder.codec(variable)
 
-    def wire_for(self, strategy, aggregate):
+    def wire_for(self, strategy: tf.distribute.Strategy, aggregate: bool) -> Wire:
         """The wire this optimizer's gradients take under `strategy` (`aggregate`: summed
         across its replicas)."""
         return choose_wire(self.encoder, strategy, aggregate, self.bucket_bytes)
@@ -284,7 +293,7 @@ class CompressingBase:
         return pairs
 
 
-def compressing_optimizer(optimizer):
+def compressing_optimizer(optimizer: Any) -> Optional[CompressingBase]:
     """The tfgc optimizer in `optimizer` (itself, or the one a loss-scale optimizer or
     another wrapper with `inner_optimizer` holds), or None."""
     for _ in range(8):  # wrappers do not nest deeper
@@ -296,7 +305,7 @@ def compressing_optimizer(optimizer):
     return None
 
 
-def residual_variable(variable):
+def residual_variable(variable: tf.Variable) -> tf.Variable:
     """A zero residual of `variable`'s shape kept where its gradients are produced."""
     # Under PSS one copy per worker: a residual on the parameter server would be pulled
     # in fp32. Under all-reduce strategies a checkpoint keeps each worker's first

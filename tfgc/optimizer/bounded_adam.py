@@ -11,13 +11,16 @@ consistent state allows.
 
 This module imports tf_keras: `tfgc.BoundedAdam` loads it on first use.
 """
+from typing import Any, Union
+
 import tensorflow as tf
 import tf_keras
 
 from tfgc import _compat
 
 
-def consistent_step_bound(beta_1, beta_2):
+def consistent_step_bound(beta_1: Union[float, tf.Tensor],
+                          beta_2: Union[float, tf.Tensor]) -> tf.Tensor:
     """The most |m| / sqrt(v) can be when m and v start at 0 and follow Adam's updates.
 
     m = sum_k (1 - b1) b1^k g_k and v = sum_k (1 - b2) b2^k g_k^2, so by Cauchy-Schwarz
@@ -42,7 +45,7 @@ class BoundedAdam(tf_keras.optimizers.Adam):
       ValueError: beta_1^2 >= beta_2 (no finite bound; Adam's usual 0.9 / 0.999 is fine).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         beta_1, beta_2 = self.beta_1, self.beta_2
         numbers = isinstance(beta_1, (int, float)) and isinstance(beta_2, (int, float))
@@ -51,7 +54,8 @@ class BoundedAdam(tf_keras.optimizers.Adam):
                 f"BoundedAdam needs beta_1^2 < beta_2 for a finite step bound, got beta_1="
                 f"{beta_1}, beta_2={beta_2}")
 
-    def update_step(self, gradient, variable):
+    def update_step(self, gradient: Union[tf.Tensor, tf.IndexedSlices],
+                    variable: tf.Variable) -> None:
         if self.amsgrad:
             return super().update_step(gradient, variable)
         dtype = variable.dtype
@@ -78,7 +82,7 @@ class BoundedAdam(tf_keras.optimizers.Adam):
         variable.assign_sub(tf.clip_by_value((m * alpha) / (tf.sqrt(v) + epsilon), -bound, bound))
 
 
-def warns_of_interleaved_adam(optimizer):
+def warns_of_interleaved_adam(optimizer: Any) -> bool:
     """True for a tf_keras Adam (not BoundedAdam, not amsgrad) whose sparse updates can
     be read half-done under ParameterServerStrategy (see the module doc)."""
     return (isinstance(optimizer, tf_keras.optimizers.Adam)

@@ -21,6 +21,8 @@ without error feedback whose decode overflows a finite payload is not caught the
 The residuals are read before the step and written after the check
 (`tfgc.memory.StagedResidual`), so that a skipped step leaves them as they were.
 """
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence, Union
+
 import tensorflow as tf
 
 from tfgc import _compat
@@ -29,8 +31,16 @@ from tfgc.optimizer import xla
 from tfgc.wire import choose_wire
 from tfgc.wire.wires import ParameterServerPush
 
+if TYPE_CHECKING:
+    from tfgc.optimizer.base import CompressingBase
 
-def send_checked(optimizer, strategy, grads_and_vars, aggregate):
+
+def send_checked(
+    optimizer: "CompressingBase", strategy: tf.distribute.Strategy,
+    grads_and_vars: Sequence[tuple[Optional[Union[tf.Tensor, tf.IndexedSlices]], tf.Variable]],
+    aggregate: bool,
+) -> tuple[list[tuple[Optional[Union[tf.Tensor, tf.IndexedSlices]], tf.Variable]],
+           Optional[tf.Tensor]]:
     """Sends `optimizer`'s gradients as `CompressingBase._send_all` does, and checks them.
 
     Args:
@@ -63,7 +73,7 @@ def send_checked(optimizer, strategy, grads_and_vars, aggregate):
     else:
         pairs, sent = wire.send(grads_and_vars)
         finite = all_finite([g for g, _ in pairs])
-    optimizer.traffic_counters.record("push", sent)
+    optimizer.traffic_counters.record("push", sent)  # type: ignore[union-attr]  # built (see Args)
     # Only the residuals this step wrote (a sparse gradient's rows leave theirs alone).
     written = [(residuals[key], staged[key].value) for key in residuals
                if staged[key].value is not olds[key]]
@@ -79,7 +89,8 @@ def send_checked(optimizer, strategy, grads_and_vars, aggregate):
     return pairs, finite
 
 
-def all_finite(gradients):
+def all_finite(gradients: Iterable[Optional[Union[tf.Tensor, tf.IndexedSlices]]]
+               ) -> Optional[tf.Tensor]:
     """A scalar bool tensor: every element of `gradients` (tensors, `tf.IndexedSlices`
     or None) is finite; None when there is no gradient."""
     checks = [tf.reduce_all(tf.math.is_finite(
@@ -90,7 +101,9 @@ def all_finite(gradients):
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
 
 
-def apply_unless_not_finite(finite, grads, apply, skip):
+def apply_unless_not_finite(finite: Optional[tf.Tensor], grads: Sequence[tf.Tensor],
+                            apply: Callable[[Sequence[tf.Tensor]], None],
+                            skip: Callable[[], None]) -> None:
     """Runs `apply(grads)` when `finite` holds, else `skip()`, in replica context, on
     every replica alike.
 

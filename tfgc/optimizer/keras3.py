@@ -12,6 +12,8 @@ Supported: single-process use (encode and decode locally), all-reduce strategies
 which has no Keras 3 `fit` (keras-team/keras#18624): `tfgc.fit_on_parameter_servers`
 trains there. Compressed pulls need tf_keras.
 """
+from typing import Any
+
 import tensorflow as tf
 
 from tfgc import _compat
@@ -24,7 +26,7 @@ _LOADING_NOTE = "to_load"
 _CLASSES: dict = {}
 
 
-def keras3_distributed_class(optimizer_class):
+def keras3_distributed_class(optimizer_class: type[Any]) -> type[Any]:
     """The compressing subclass of a Keras 3 optimizer class (made once per class)."""
     try:
         tf_optimizer = _compat.keras3_tf_optimizer()
@@ -43,7 +45,7 @@ def keras3_distributed_class(optimizer_class):
                                 keras.saving.register_keras_serializable)
 
 
-def register_keras_optimizers():
+def register_keras_optimizers() -> None:
     """Makes every Keras 3 built-in optimizer's compressing class known to Keras's
     deserialization (`keras.saving.load_model`), and keeps models whose tfgc optimizer
     XLA cannot compile out of XLA (`xla.keep_models_out_of_xla`); `import tfgc` calls

@@ -47,6 +47,7 @@ function cannot reach a worker's per-worker variables, so those are read before 
 branches and written after them (the residuals through `tfgc.memory.StagedResidual`).
 """
 import warnings
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -60,7 +61,7 @@ from tfgc.wire import riders
 from tfgc.wire.wires import ParameterServerPush
 
 
-def check_inner_optimizer(optimizer):
+def check_inner_optimizer(optimizer: Any) -> None:
     """Raises NotImplementedError unless `optimizer` (a tf_keras optimizer) is one whose
     step tfgc runs on a worker: SGD, Adam or AdamW, without gradient clipping (nor
     AMSGrad)."""
@@ -99,10 +100,10 @@ class PackedPerWorker:
       name: the variables' name (the dtype's name is appended).
     """
 
-    def __init__(self, specs, name):
+    def __init__(self, specs: Sequence[tuple[base.Shape, tf.DType]], name: str) -> None:
         self._dtypes = [tf.as_dtype(dtype) for _, dtype in specs]
         # Each dtype's shapes, in order: its buffer holds them end to end.
-        self._shapes = {}
+        self._shapes: dict[tf.DType, list[tf.TensorShape]] = {}
         for (shape, _), dtype in zip(specs, self._dtypes):
             self._shapes.setdefault(dtype, []).append(tf.TensorShape(shape))
         self._buffers = {
@@ -110,13 +111,13 @@ class PackedPerWorker:
                                   f"{name}/{dtype.name}", per_worker=True)
             for dtype, shapes in self._shapes.items()}
 
-    def read(self):
+    def read(self) -> list[tf.Tensor]:
         """The tensors, in the order of `specs`."""
         parts = {dtype: iter(base.split_flat(tf.convert_to_tensor(buffer), self._shapes[dtype]))
                  for dtype, buffer in self._buffers.items()}
         return [next(parts[dtype]) for dtype in self._dtypes]
 
-    def assign(self, values):
+    def assign(self, values: Sequence[tf.Tensor]) -> list[Any]:
         """The writes of `values` (tensors in the order of `specs`): one op per dtype."""
         return [buffer.assign(base.concat_flat(
                     [value for value, d in zip(values, self._dtypes) if d == dtype]))
@@ -154,11 +155,13 @@ class InnerSGD(_InnerState):
 
     counts_steps = False
 
-    def __init__(self, optimizer, masters):
+    def __init__(self, optimizer: Any, masters: Sequence[tf.Variable]) -> None:
         self.slot_names = ("momentum",) if optimizer.momentum else ()
         super().__init__(optimizer, masters)
 
-    def step(self, copy, gradient, rate, slots, step_number):
+    def step(self, copy: tf.Tensor, gradient: tf.Tensor, rate: tf.Tensor,
+             slots: Sequence[tf.Tensor], step_number: Optional[tf.Tensor]
+             ) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """(the copy after the step, the new values of its `slots`)."""
         del step_number
         if not slots:
@@ -177,7 +180,9 @@ class InnerAdam(_InnerState):
     counts_steps = True
     slot_names = ("m", "v")
 
-    def step(self, copy, gradient, rate, slots, step_number):
+    def step(self, copy: tf.Tensor, gradient: tf.Tensor, rate: tf.Tensor,
+             slots: Sequence[tf.Tensor], step_number: Optional[tf.Tensor]
+             ) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """(the copy after the step, the new first and second moments)."""
         optimizer, dtype = self.optimizer, copy.dtype
         beta_1, beta_2 = tf.cast(optimizer.beta_1, dtype), tf.cast(optimizer.beta_2, dtype)
@@ -189,7 +194,7 @@ class InnerAdam(_InnerState):
         return copy - (m * alpha) / (tf.sqrt(v) + tf.cast(optimizer.epsilon, dtype)), [m, v]
 
 
-def inner_step(optimizer, masters):
+def inner_step(optimizer: Any, masters: Sequence[tf.Variable]) -> Union[InnerSGD, InnerAdam]:
     """The worker's side of `optimizer`'s step (checked by `check_inner_optimizer`)."""
     import tf_keras  # noqa: PLC0415
 
@@ -212,7 +217,7 @@ class ServerMeetings:
         or a codec that keeps per-worker state (`Codec.keeps_sender_state`).
     """
 
-    def __init__(self, optimizer, variables):
+    def __init__(self, optimizer: Any, variables: Iterable[tf.Variable]) -> None:
         check_inner_optimizer(optimizer)
         for variable in variables:
             if not isinstance(variable, PulledVariable):
@@ -261,7 +266,8 @@ class ServerMeetings:
             self.outer_momenta = ([optimizer.add_variable_from_reference(m, "outer_momentum")
                                    for m in self.masters] if outer.momentum > 0 else None)
 
-    def step(self, grads_and_vars):
+    def step(self, grads_and_vars: Iterable[tuple[Optional[Union[tf.Tensor, tf.IndexedSlices]],
+                                                  tf.Variable]]) -> tf.Operation:
         """One local step of this worker (replica context, in a traced step): the
         inner SGD step on its copy, and a meeting when one is due.
 
@@ -297,14 +303,14 @@ class ServerMeetings:
         # server).
         step_number = None
         if self.inner.counts_steps:
-            step_number = (optimizer.iterations if every == 1 else step_count) + 1
+            step_number = (optimizer.iterations if every == 1 else step_count) + 1  # type: ignore[operator]  # a tensor where every > 1
         anchors, copies, slot_values = [], [], []
-        old_anchors = None if every == 1 else self.anchors.read()
+        old_anchors = None if every == 1 else self.anchors.read()  # type: ignore[union-attr]  # made where every > 1
         old_slots = self.inner.read()
         for index, (gradient, variable) in enumerate(zip(gradients, self.variables)):
             copy = tf.convert_to_tensor(variable)  # the cache, after this step's pull
             gradient = tf.zeros_like(copy) if gradient is None else gradient
-            anchor = copy if every == 1 else tf.where(round_start, copy, old_anchors[index])
+            anchor = copy if every == 1 else tf.where(round_start, copy, old_anchors[index])  # type: ignore[index]  # read where every > 1
             rate_here = tf.cast(rate, copy.dtype)
             if _compat.tf_keras_uses_weight_decay(optimizer, variable.master):
                 copy = copy - copy * tf.cast(optimizer.weight_decay, copy.dtype) * rate_here
@@ -320,7 +326,7 @@ class ServerMeetings:
         else:
             on_servers, writes = self._meet_when_due(meeting, deltas)
             on_servers += self._send_riders()
-            writes += self.anchors.assign(anchors)
+            writes += self.anchors.assign(anchors)  # type: ignore[union-attr]  # made where every > 1
         # The optimizer's step count, on a server, follows the servers' part of the step;
         # the worker's writes follow nothing there (a control edge across costs a request
         # on every step), as they share no state with it.
@@ -332,7 +338,7 @@ class ServerMeetings:
         # After this step's pull has read the count (it reaches it through a handle of
         # its own, which TensorFlow's automatic ordering does not connect to this one).
         with tf.control_dependencies(copies):
-            writes += [counter.assign(step_count + 1) for counter in self.counters]
+            writes += [counter.assign(step_count + 1) for counter in self.counters]  # type: ignore[operator]  # no counter where every == 1
         return tf.group(writes)
 
     def _meet_when_due(self, meeting, deltas):

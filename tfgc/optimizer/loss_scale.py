@@ -14,10 +14,12 @@ replica (its compressed wire sums them when they are applied), and the replicas 
 on whether the step is finite, which the sum used to make them do. Keras 3's wrapper
 calls the inner optimizer's `apply`, whose replica sum tfgc replaces anyway.
 """
+from typing import Any, Callable, Optional, Sequence, Union
+
 import tensorflow as tf
 
 
-def loss_scale_rewrapper(optimizer):
+def loss_scale_rewrapper(optimizer: Any) -> Optional[Callable[[Any], Any]]:
     """For a loss-scale optimizer, a function that wraps another optimizer in one with
     the same settings; None for any other optimizer."""
     try:
@@ -47,7 +49,9 @@ def _keras3_loss_scale_class():
     return getattr(keras.optimizers, "LossScaleOptimizer", None)
 
 
-def agree_on_finiteness(grads_and_vars):
+def agree_on_finiteness(
+    grads_and_vars: Sequence[tuple[Optional[Union[tf.Tensor, tf.IndexedSlices]], tf.Variable]],
+) -> list[tuple[Optional[Union[tf.Tensor, tf.IndexedSlices]], tf.Variable]]:
     """Makes every replica see non-finite gradients when any replica has them.
 
     The replicas' gradients are left as they are (not summed) except one, the

@@ -12,6 +12,7 @@ saved with other settings is refused with the differences named before anything 
 settings were recorded restores as before.
 """
 import json
+from typing import Any, Callable, Union
 
 import tensorflow as tf
 
@@ -31,18 +32,18 @@ class SavedSettings(tf.train.experimental.PythonState):
       describe: returns the optimizer's settings now, a JSON-serializable dict.
     """
 
-    def __init__(self, describe):
+    def __init__(self, describe: Callable[[], dict[str, Any]]) -> None:
         self._describe = describe
 
-    def serialize(self):
+    def serialize(self) -> str:
         return _to_json(self._describe())
 
-    def deserialize(self, string_value):
+    def deserialize(self, string_value: Union[bytes, str]) -> None:
         check(string_value.decode() if isinstance(string_value, bytes) else string_value,
               self._describe())
 
 
-def check(saved_json, current):
+def check(saved_json: str, current: dict[str, Any]) -> int:
     """Raises CheckpointSettingsError if the saved settings differ from `current`."""
     saved = json.loads(saved_json)
     current = json.loads(_to_json(current))

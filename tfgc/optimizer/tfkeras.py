@@ -2,6 +2,7 @@
 all-reduce strategies and one process."""
 import contextlib
 import warnings
+from typing import Any
 
 import tensorflow as tf
 
@@ -15,7 +16,7 @@ from tfgc.server_variables import created_by_name
 _DISTRIBUTED_CLASSES: dict = {}
 
 
-def distributed_class(optimizer_class):
+def distributed_class(optimizer_class: type[Any]) -> type[Any]:
     """The compressing subclass of a tf_keras optimizer class (made once per class)."""
     import tf_keras  # noqa: PLC0415
 
@@ -23,7 +24,7 @@ def distributed_class(optimizer_class):
                                 tf_keras.saving.register_keras_serializable)
 
 
-def register_tf_keras_optimizers():
+def register_tf_keras_optimizers() -> None:
     """Makes the compressing class of every tf_keras built-in optimizer, and of
     `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`), and keeps
     models whose tfgc optimizer XLA cannot compile out of XLA

@@ -18,11 +18,15 @@ its own StagingError.)
 """
 import functools
 import warnings
+from typing import TYPE_CHECKING, Any, Optional
 
 import tensorflow as tf
 
 from tfgc import _compat
-from tfgc.wire.wires import LocalWire, sends_locally
+from tfgc.wire.wires import LocalWire, Wire, sends_locally
+
+if TYPE_CHECKING:
+    from tfgc.optimizer.base import CompressingBase
 
 #: The codecs whose steps XLA compiles (without a strategy); tests/test_xla.py checks it
 #: against `Codec.compiles_with_xla`.
@@ -44,14 +48,14 @@ def _used_by(names):
     return f"{' and '.join(names)} {'uses' if len(names) == 1 else 'use'}"
 
 
-def outside_xla(optimizer, wire):
+def outside_xla(optimizer: "CompressingBase", wire: Wire) -> list[str]:
     """What keeps `optimizer`'s step on `wire` from compiling with XLA: the names of
     its codecs without `compiles_with_xla`, and the wire when it is not local."""
     return _outside_xla(optimizer.encoder.codecs_in_use(), tf.distribute.get_strategy(),
                         isinstance(wire, LocalWire))
 
 
-def refuse_compiled_step(optimizer, wire):
+def refuse_compiled_step(optimizer: "CompressingBase", wire: Wire) -> None:
     """Raises NotImplementedError if XLA compiles the step being traced now and
     `optimizer`'s step on `wire` cannot run there."""
     if not _compat.in_xla_context(tf.compat.v1.get_default_graph()):
@@ -69,7 +73,8 @@ def refuse_compiled_step(optimizer, wire):
             "jit_compile=True (its update alone) works with every codec")
 
 
-def configured_outside_xla(optimizer, strategy):
+def configured_outside_xla(optimizer: "CompressingBase",
+                           strategy: Optional[tf.distribute.Strategy]) -> list[str]:
     """What would keep `optimizer`'s step under `strategy` (None: none) from compiling
     with XLA, from its settings, built or not."""
     local = strategy is None or sends_locally(strategy, aggregate=True)
@@ -77,7 +82,7 @@ def configured_outside_xla(optimizer, strategy):
                         strategy, local)
 
 
-def turn_xla_off_for_tfgc(model):
+def turn_xla_off_for_tfgc(model: Any) -> None:
     """Turns `model`'s XLA compilation off, with one warning saying why, where it is on
     and its tfgc optimizer's step cannot run under XLA."""
     from tfgc.optimizer.base import compressing_optimizer  # noqa: PLC0415 (cycle)
@@ -96,7 +101,7 @@ def turn_xla_off_for_tfgc(model):
     model.jit_compile = False
 
 
-def keep_models_out_of_xla(model_class):
+def keep_models_out_of_xla(model_class: type[Any]) -> None:
     """Wraps `model_class.compile` (once) so that a model compiled with a tfgc optimizer
     whose step XLA cannot compile has XLA turned off (`turn_xla_off_for_tfgc`)."""
     compile_method = model_class.compile
@@ -108,5 +113,5 @@ def keep_models_out_of_xla(model_class):
         compile_method(self, *args, **kwargs)
         turn_xla_off_for_tfgc(self)
 
-    compile._tfgc_keeps_xla_out = True
+    compile._tfgc_keeps_xla_out = True  # type: ignore[attr-defined]  # a function attribute
     model_class.compile = compile
