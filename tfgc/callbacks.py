@@ -1,4 +1,6 @@
 """Keras (tf_keras) callbacks of tfgc; imported on first use, as they need tf_keras."""
+from typing import Any, Optional
+
 import tf_keras
 
 from tfgc.distribute import is_parameter_server
@@ -26,25 +28,26 @@ class OuterSteps(tf_keras.callbacks.Callback):
       ValueError: at the start of training, the model's optimizer has no local steps.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         # It reads no logs: tf_keras then lets it run under ParameterServerStrategy.
         self._supports_tf_logs = True
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         optimizer = compressing_optimizer(self.model.optimizer)
         if optimizer is None or optimizer.outer_optimizer is None:
             raise ValueError(
                 "OuterSteps runs the meetings of local steps: compile the model with "
                 "tfgc.DistributedOptimizer(..., local_steps=H)")
-        # None under parameter servers: nothing to run.
-        self._optimizer = (None if is_parameter_server(self.model.distribute_strategy)
+        # None under parameter servers: nothing to run. Any: a tf_keras tfgc optimizer,
+        # whose meetings (synchronize, ...) its base class CompressingBase does not have.
+        self._optimizer: Any = (None if is_parameter_server(self.model.distribute_strategy)
                            else optimizer)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._optimizer is not None:
             self._optimizer.maybe_synchronize(self.model.distribute_strategy)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
         if self._optimizer is not None and self._optimizer.local_steps_since_meeting() > 0:
             self._optimizer.synchronize(self.model.distribute_strategy)

@@ -54,6 +54,7 @@ import shutil
 import sys
 import threading
 import time
+import typing  # the module, so that its names do not join tfgc.server's public ones
 import warnings
 
 EXIT_STOPPED = 0
@@ -114,7 +115,7 @@ def _refuse(error):
     print(f"tfgc-server: refusing to start: {message}", file=sys.stderr, flush=True)
 
 
-def exit_code(signum):
+def exit_code(signum: int) -> int:
     """The exit code after signal `signum`: 0 for SIGTERM and SIGINT (the ways to stop a
     task), 128 + its number for the others of `STOP_SIGNALS`."""
     return EXIT_STOPPED if signum in (signal.SIGTERM, signal.SIGINT) else 128 + signum
@@ -136,7 +137,7 @@ def _take_signals(handler=_stop_while_starting):
         signal.signal(signum, handler)
 
 
-def split_address(address, where):
+def split_address(address: object, where: str) -> tuple[str, int]:
     """Splits a cluster address 'host:port' (IPv6 as '[::1]:port').
 
     Args:
@@ -192,7 +193,7 @@ def split_address(address, where):
     return host, int(port)
 
 
-def validate(cluster, job, index):
+def validate(cluster: object, job: object, index: object) -> str:
     """Checks that task `job:index` of `cluster` is one tfgc-server can serve.
 
     Args:
@@ -217,7 +218,7 @@ def validate(cluster, job, index):
         if not isinstance(addresses, list) or not addresses:
             raise ConfigError(f"job {name!r} of the cluster must be a non-empty list of "
                               f"host:port addresses, got {_short(addresses)}")
-    seen = {}
+    seen: dict[str, str] = {}  # address -> the task that has it
     for name, addresses in cluster.items():
         for i, address in enumerate(addresses):
             where = f"/job:{name}/task:{i}"
@@ -253,7 +254,7 @@ def validate(cluster, job, index):
     return cluster[job][index]
 
 
-def parse_tf_config(text):
+def parse_tf_config(text: typing.Optional[str]) -> tuple[dict[str, list[str]], str, int]:
     """Reads the task to serve from the text of `TF_CONFIG`.
 
     Returns:
@@ -287,7 +288,8 @@ def parse_tf_config(text):
     return config["cluster"], task["type"], task["index"]
 
 
-def parse_flags(cluster_spec, job, index):
+def parse_flags(cluster_spec: str, job: str,
+                index: int) -> tuple[dict[str, list[str]], str, int]:
     """Reads the task to serve from --cluster-spec/--job/--index; as `parse_tf_config`."""
     cluster = _load_json(cluster_spec, "--cluster-spec")
     validate(cluster, job, index)
@@ -344,7 +346,8 @@ def _parser():
     return parser
 
 
-def read_task(argv, environ):
+def read_task(argv: typing.Optional[typing.Sequence[str]], environ: typing.Mapping[str, str]
+              ) -> tuple[dict[str, list[str]], str, int, typing.Optional[float]]:
     """The task to serve, from the command line `argv` and the environment `environ`.
 
     Reads nothing but its arguments and imports nothing: it runs before TensorFlow loads.
@@ -374,7 +377,8 @@ def read_task(argv, environ):
     return cluster, job, index, args.traffic_every
 
 
-def exposure_warning(cluster, job, index):
+def exposure_warning(cluster: typing.Mapping[str, typing.Sequence[str]], job: str,
+                     index: int) -> str:
     """The warning printed when the server's port may be reachable from other hosts."""
     _, port = split_address(cluster[job][index], f"/job:{job}/task:{index}")
     peers = sorted({split_address(a, "")[0]
@@ -432,7 +436,7 @@ def _check_ops():
     return tfgc_ops.library_path
 
 
-def traffic_line(traffic):
+def traffic_line(traffic: typing.Mapping[tuple[str, int], typing.Mapping[str, int]]) -> str:
     """One log line from `tfgc.cluster.task_traffic()`'s result."""
     parts = [f"{job}:{index} sent {t['sent']:,d} B, received {t['received']:,d} B"
              for (job, index), t in sorted(traffic.items())]
@@ -449,7 +453,9 @@ def _log_traffic(config, log):
         log(f"traffic not read: {error}")
 
 
-def serve(cluster, job, index, log=_log, warn_if_exposed=True, traffic_every_s=None):
+def serve(cluster: typing.Mapping[str, typing.Sequence[str]], job: str, index: int,
+          log: typing.Callable[[str], None] = _log, warn_if_exposed: bool = True,
+          traffic_every_s: typing.Optional[float] = None) -> typing.NoReturn:
     """Serves task `job:index` of `cluster` until a stop signal; never returns.
 
     The caller validated the task (`validate`). The signals of `STOP_SIGNALS` are
@@ -509,7 +515,8 @@ def serve(cluster, job, index, log=_log, warn_if_exposed=True, traffic_every_s=N
     while not stop.wait(timeout=wait_s):
         if next_traffic is not None and time.monotonic() >= next_traffic:
             _log_traffic(config, log)
-            next_traffic = time.monotonic() + traffic_every_s
+            # next_traffic is set only with traffic_every_s.
+            next_traffic = time.monotonic() + traffic_every_s  # type: ignore[operator]
     code = exit_code(received[0])
     log(f"{signal.Signals(received[0]).name} received; stopping {where} (exit code {code})")
     if traffic_every_s is not None:
@@ -517,7 +524,7 @@ def serve(cluster, job, index, log=_log, warn_if_exposed=True, traffic_every_s=N
     _exit(code)
 
 
-def _exit(code):
+def _exit(code: int) -> typing.NoReturn:
     """Ends the process at once: TensorFlow cannot shut a gRPC server down cleanly
     (Server has no stop), and interpreter teardown with its threads running can hang."""
     sys.stdout.flush()
@@ -525,7 +532,8 @@ def _exit(code):
     os._exit(code)
 
 
-def main(argv=None, environ=None):
+def main(argv: typing.Optional[typing.Sequence[str]] = None,
+         environ: typing.Optional[typing.Mapping[str, str]] = None) -> int:
     """The command line; returns the exit code when it refuses to start.
 
     First of all it takes the stop signals (`STOP_SIGNALS`); in a `tfgc-server` process

@@ -1,10 +1,10 @@
 """Traffic telemetry: bytes on the wire per step, as Keras logs and CSV."""
 import csv
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import tf_keras
 
-from tfgc.optimizer.base import compressing_optimizer
+from tfgc.optimizer.base import CompressingBase, compressing_optimizer
 
 COLUMNS = (
     "push_bytes", "push_plain_bytes", "push_dense_bytes", "compression_ratio",
@@ -50,7 +50,7 @@ class TrafficLogger(tf_keras.callbacks.Callback):
     """
 
     def __init__(self, optimizer: Any = None, csv_path: Optional[str] = None,
-                 per_variable_csv_path: Optional[str] = None):
+                 per_variable_csv_path: Optional[str] = None) -> None:
         super().__init__()
         # Lets tf_keras run the batch hooks under ParameterServerStrategy; logs stay
         # tensors (or remote values), and this callback reads none of them.
@@ -58,7 +58,7 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         self._optimizer = optimizer
         self.csv_path = csv_path
         self.per_variable_csv_path = per_variable_csv_path
-        self._last_by_variable = None
+        self._last_by_variable: Optional[dict[str, dict[str, int]]] = None
         self._variable_writer = None
         self._variable_file = None
         self._last = None  # (iterations, counters) at the last per-step row
@@ -68,7 +68,7 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         self._file = None
 
     @property
-    def optimizer(self):
+    def optimizer(self) -> CompressingBase:
         """The tfgc optimizer counted: the one given, or the model's (inside its
         loss-scale optimizer under mixed precision)."""
         given = self._optimizer or self.model.optimizer
@@ -88,7 +88,7 @@ class TrafficLogger(tf_keras.callbacks.Callback):
         counters = {name: int(value.numpy()) for name, value in traffic.items()}
         return int(self.optimizer.iterations.numpy()), counters
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         self.optimizer  # noqa: B018 (fails now, not silently at every epoch's end)
         if self.csv_path:
             self._file, self._writer = _open_csv(self.csv_path, ("step",) + COLUMNS)
@@ -100,11 +100,11 @@ class TrafficLogger(tf_keras.callbacks.Callback):
             self._last_by_variable = self.optimizer.traffic_by_variable()
         self._last = self._reading() if self._writer or self._variable_writer else None
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         self._epoch_start = self._reading()
         self._epoch_logged = False
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._writer is not None or self._variable_writer is not None:
             self._write_rows(batch)
         steps = (self.params or {}).get("steps")
@@ -163,11 +163,11 @@ class TrafficLogger(tf_keras.callbacks.Callback):
             return {}
         return per_step_traffic(start[1], now[1], steps=steps)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         if logs is not None and not self._epoch_logged:
             logs.update(self._epoch_figures())
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
         for handle in (self._file, self._variable_file):
             if handle is not None:
                 handle.close()
@@ -183,7 +183,8 @@ def _open_csv(path, header):
     return handle, writer
 
 
-def per_step_traffic(before, after, steps, with_pulls=False):
+def per_step_traffic(before: Mapping[str, int], after: Mapping[str, int], steps: int,
+                     with_pulls: bool = False) -> dict[str, float]:
     """Per-step traffic between two readings of `optimizer.traffic` (dicts of ints).
 
     Pull keys are included when pulls were counted in between (compressed pulls), or

@@ -9,15 +9,26 @@
   cross-worker reduce does not take): `fit_across_workers`.
 """
 import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
 
 from tfgc.distribute import is_parameter_server
 
+if TYPE_CHECKING:
+    import keras
 
-def fit_on_parameter_servers(model, strategy, dataset_fn, epochs, steps_per_epoch,
-                             callbacks=(), verbose=1):
+
+def fit_on_parameter_servers(
+    model: "keras.Model",
+    strategy: tf.distribute.Strategy,
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    epochs: int,
+    steps_per_epoch: int,
+    callbacks: Iterable[Any] = (),
+    verbose: int = 1,
+) -> dict[str, list[float]]:
     """Trains a compiled Keras 3 model on a parameter-server cluster, `fit`-like.
 
     Each step runs on whichever worker is free (asynchronous training, as tf_keras's
@@ -76,8 +87,15 @@ def fit_on_parameter_servers(model, strategy, dataset_fn, epochs, steps_per_epoc
     return _run_epochs(model, run_epoch, epochs, steps_per_epoch, callbacks, verbose)
 
 
-def fit_across_workers(model, strategy, dataset, epochs, steps_per_epoch, callbacks=(),
-                       verbose=1):
+def fit_across_workers(
+    model: "keras.Model",
+    strategy: tf.distribute.Strategy,
+    dataset: tf.data.Dataset,
+    epochs: int,
+    steps_per_epoch: int,
+    callbacks: Iterable[Any] = (),
+    verbose: int = 1,
+) -> dict[str, list[float]]:
     """Trains a compiled Keras 3 model under MultiWorkerMirroredStrategy, `fit`-like.
 
     Keras 3's `fit` fails across processes under this strategy before its first step

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any, Optional, Sequence
 
 from tfgc.cluster import isolation
 from tfgc.cluster.local import LocalCluster
@@ -107,7 +108,7 @@ def _main_mwms(c, args):
     return next((code for code in codes if code != 0), 0)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python -m tfgc.cluster [--ps N] --workers M [--mwms] [--link R/D] -- script.py [args]`.
 
     Parameter-server mode (default): starts a LocalCluster, runs the script as the
@@ -160,7 +161,7 @@ def main(argv=None):
         parser.error(f"no such script: {args.script}")
     if args.link is not None and args.bandwidth is not None:
         parser.error("--bandwidth R is --link R: give one of them")
-    link = {}
+    link: dict[str, Any] = {}  # bandwidth, delay and loss: LocalCluster keywords
     if args.link is not None or args.bandwidth is not None:
         try:
             link = {key: value for key, value in parse_link(args.link or args.bandwidth).items()

@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Optional, Sequence
 
 _ETH_P_ALL = 0x0003
 _SOL_PACKET = 263
@@ -76,7 +77,8 @@ def _send(sock, frame, stats):
         stats["send_errors"] += 1
 
 
-def run(pairs, delay_s, loss, queue_bytes, parent, seed=None):
+def run(pairs: Sequence[tuple[str, str]], delay_s: float, loss: float, queue_bytes: int,
+        parent: int, seed: Optional[int] = None) -> dict[str, dict[str, int]]:
     """Forwards frames until SIGTERM or until `parent` is gone; returns the counts."""
     rng = random.Random(seed)
     lines = [_Line(inner, outer, queue_bytes) for inner, outer in pairs]
@@ -139,7 +141,7 @@ def _pair(text):
     return inner, outer
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pairs", nargs="+", type=_pair, metavar="IN:OUT")
     parser.add_argument("--delay-ms", type=float, required=True)

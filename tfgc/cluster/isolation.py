@@ -59,6 +59,7 @@ import struct
 import subprocess
 import sys
 import warnings
+from typing import Optional
 
 # Set (to "1") by `isolate()` before it starts the program again in a new namespace.
 _REEXEC_MARKER = "TFGC_PRIVATE_NETWORK"
@@ -96,12 +97,12 @@ class ExposedClusterWarning(RuntimeWarning):
     """A cluster's servers listen in a network namespace that other hosts can reach."""
 
 
-def interfaces():
+def interfaces() -> list[str]:
     """Names of the network interfaces of this process's namespace."""
     return sorted(name for _, name in socket.if_nameindex())
 
 
-def in_private_network():
+def in_private_network() -> bool:
     """True when this process's network namespace has no way out (`ways_out`): only
     loopback, or veths into namespaces that are private alike (bandwidth emulation's)."""
     if not sys.platform.startswith("linux"):
@@ -171,7 +172,7 @@ def _netns_inode(name):
         return None
 
 
-def ways_out():
+def ways_out() -> list[str]:
     """Why this process's network namespace is not private: what it can reach.
 
     Walks from this namespace through the peers of its veths to every namespace linked
@@ -253,7 +254,7 @@ def ways_out():
     return reasons
 
 
-def in_user_namespace():
+def in_user_namespace() -> bool:
     """True inside a user namespace other than the initial one (where "root" is not)."""
     try:
         with open("/proc/self/uid_map") as f:
@@ -262,7 +263,7 @@ def in_user_namespace():
         return False
 
 
-def disabled():
+def disabled() -> bool:
     """True when `TFGC_NETWORK_ISOLATION=0` asks for no isolation."""
     return os.environ.get(SWITCH, "1").strip().lower() in ("0", "no", "false", "off")
 
@@ -274,7 +275,7 @@ def _unshare_flags():
     return _CLONE_NEWUSER | _CLONE_NEWNET
 
 
-def unshare_command():
+def unshare_command() -> list[str]:
     """The `unshare` command line prefix equivalent to `_unshare_flags()`."""
     if _unshare_flags() == _CLONE_NEWNET:
         return ["unshare", "--net"]
@@ -282,7 +283,7 @@ def unshare_command():
     return ["unshare", "--user", "--map-root-user", "--net"]
 
 
-def unavailable():
+def unavailable() -> Optional[str]:
     """Why no private network namespace can be made here (a sentence), or None."""
     if not sys.platform.startswith("linux"):
         return "private network namespaces need Linux"
@@ -339,7 +340,7 @@ def _banner(message):
     print("\n" + "!" * 88 + "\n" + message + "\n" + "!" * 88, file=sys.stderr, flush=True)
 
 
-def warn_exposed(reason, stacklevel=3):
+def warn_exposed(reason: str, stacklevel: int = 3) -> None:
     """Warns, once per process and loudly, that a cluster is reachable from the network."""
     global _warned
     if _warned:
@@ -372,7 +373,7 @@ def _cannot_isolate(reason):
     warnings.warn(message, ExposedClusterWarning, stacklevel=3)
 
 
-def refusal_message():
+def refusal_message() -> str:
     """What `ExposedClusterError` says here: why a cluster may not start, and what to do."""
     reasons = ways_out()
     if len(reasons) > 8:
@@ -411,7 +412,7 @@ def refusal_message():
     return "\n".join(lines)
 
 
-def check_network(network, stacklevel=3):
+def check_network(network: str, stacklevel: int = 3) -> None:
     """Checks that a cluster may listen in this process's network namespace.
 
     Args:
@@ -441,7 +442,7 @@ def check_network(network, stacklevel=3):
         raise ExposedClusterError(refusal_message())
 
 
-def isolate():
+def isolate() -> bool:
     """Moves this process into a private network namespace (loopback only), if needed.
 
     Call it first thing in a program that starts a cluster: the tasks it starts then

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from tfgc.cluster import isolation
 from tfgc.cluster.netem import EmulatedNetwork, parse_delay, parse_loss, parse_rate
@@ -18,6 +18,9 @@ from tfgc.cluster.processes import (
 )
 from tfgc.cluster.sockets import SocketCounters, ss_sockets
 from tfgc.cluster.workers import WorkerScripts
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 class LocalCluster(WorkerScripts, SocketCounters):
@@ -81,8 +84,8 @@ class LocalCluster(WorkerScripts, SocketCounters):
         bandwidth: Optional[str] = None,
         network: str = isolation.PRIVATE,
         delay: Optional[str] = None,
-        loss=None,
-    ):
+        loss: Union[str, float, None] = None,
+    ) -> None:
         if num_ps < 0 or num_workers < 1:
             raise ValueError(
                 f"a cluster needs at least one worker and no negative ps count, got "
@@ -133,11 +136,11 @@ class LocalCluster(WorkerScripts, SocketCounters):
         return False
 
     @property
-    def server_jobs(self):
+    def server_jobs(self) -> tuple[str, ...]:
         """Jobs whose tasks this cluster runs as `tf.distribute.Server` processes."""
         return JOBS if self.num_ps else ()
 
-    def start(self):
+    def start(self) -> "LocalCluster":
         """Starts all servers and waits until each listens on its port.
 
         With `num_ps=0` it only picks the workers' addresses (and builds the emulated
@@ -180,12 +183,12 @@ class LocalCluster(WorkerScripts, SocketCounters):
         return self
 
     @property
-    def emulates_links(self):
+    def emulates_links(self) -> bool:
         """Whether the tasks run on emulated links (a rate, a delay or a loss rate)."""
         return any(x is not None for x in (self.bandwidth, self.delay, self.loss))
 
     @property
-    def link(self):
+    def link(self) -> Optional[str]:
         """The emulated link as `netem.parse_link` reads it ("10mbit/25ms"), or None."""
         if not self.emulates_links:
             return None
@@ -326,7 +329,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
             raise PortConflict(message, task=f"/job:{job}/task:{index}")
         raise ClusterError(message)
 
-    def stop(self, remove_logs=False, grace_s=5.0):
+    def stop(self, remove_logs: bool = False, grace_s: float = 5.0) -> None:
         """Stops every process it started (by pid), then deletes the emulated network.
 
         Servers get SIGTERM, and SIGKILL if still alive after `grace_s`; worker scripts
@@ -378,7 +381,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
 
     # --- one task: kill and restart (fault injection) -------------------------------
 
-    def kill(self, job, index, sig=signal.SIGKILL):
+    def kill(self, job: str, index: int, sig: int = signal.SIGKILL) -> int:
         """Sends `sig` (default SIGKILL) to the server of task `job:index` and reaps it.
 
         Raises:
@@ -394,7 +397,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
                 proc.wait(timeout=5)
         return proc.returncode
 
-    def restart(self, job, index):
+    def restart(self, job: str, index: int) -> int:
         """Starts task `job:index` again on its address (killing it first if it runs).
 
         Its log continues in the same file. TensorFlow's ClusterCoordinator notices the
@@ -427,11 +430,12 @@ class LocalCluster(WorkerScripts, SocketCounters):
             raise RuntimeError("the cluster is not started; use `with LocalCluster(...) as c:`")
 
     @property
-    def addresses(self):
+    def addresses(self) -> dict[str, list[str]]:
         """{"chief": [...], "ps": ["host:port", ...], "worker": [...]} (no chief or ps
         entry when num_ps=0)."""
         self._require_started()
-        return {job: list(addrs) for job, addrs in self._addresses.items()}
+        return {job: list(addrs)  # start() set _addresses: _require_started() checked it
+                for job, addrs in self._addresses.items()}  # type: ignore[union-attr]
 
     def _address(self, job, index):
         return self._addresses[job][index]
@@ -440,7 +444,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
         return int(self._address(job, index).rsplit(":", 1)[1])
 
     @property
-    def cluster_spec(self):
+    def cluster_spec(self) -> "tf.train.ClusterSpec":
         """A `tf.train.ClusterSpec` of `addresses`."""
         import tensorflow as tf
 
@@ -448,12 +452,13 @@ class LocalCluster(WorkerScripts, SocketCounters):
         return tf.train.ClusterSpec(self.addresses)
 
     @property
-    def resolver(self):
+    def resolver(self) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
         """A cluster resolver for ParameterServerStrategy in this (the chief) process."""
         import tensorflow as tf
 
         self._require_started()
-        if "chief" not in self._addresses:
+        # start() set _addresses: _require_started() checked it.
+        if "chief" not in self._addresses:  # type: ignore[operator]
             raise RuntimeError("a cluster without parameter servers has no chief; use run_workers")
         if self._resolver is None:
             self._resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -461,18 +466,20 @@ class LocalCluster(WorkerScripts, SocketCounters):
             )
         return self._resolver
 
-    def tf_config(self, task_type, index=0):
+    def tf_config(self, task_type: str, index: int = 0) -> dict[str, Any]:
         """The `TF_CONFIG` dict for one task (json.dumps it into the environment)."""
         self._require_started()
-        if task_type not in self._addresses or not 0 <= index < len(self._addresses[task_type]):
+        # start() set _addresses: _require_started() checked it.
+        if (task_type not in self._addresses  # type: ignore[operator]
+                or not 0 <= index < len(self._addresses[task_type])):  # type: ignore[index]
             raise ValueError(
                 f"no task {task_type}:{index} in this cluster "
-                f"({', '.join(f'{j}: {len(a)}' for j, a in self._addresses.items())})"
+                f"({', '.join(f'{j}: {len(a)}' for j, a in self._addresses.items())})"  # type: ignore[union-attr]
             )
         return {"cluster": self.addresses, "task": {"type": task_type, "index": int(index)}}
 
     @property
-    def pids(self):
+    def pids(self) -> dict[str, list[Optional[int]]]:
         """{"ps": [pid, ...], "worker": [pid, ...]} of the processes of each task.
 
         The current (or last) process of each task: a restarted task's new pid, a worker
@@ -481,17 +488,18 @@ class LocalCluster(WorkerScripts, SocketCounters):
         self._require_started()
         return {job: list(pids) for job, pids in self._pids.items()}
 
-    def log_path(self, job, index):
+    def log_path(self, job: str, index: int) -> str:
         """Path of the log file of server task `job:index`."""
-        return os.path.join(self.log_dir, f"{job}-{index}.log")
+        # None until start() (a TypeError then, as ever).
+        return os.path.join(self.log_dir, f"{job}-{index}.log")  # type: ignore[arg-type]
 
-    def exited_servers(self):
+    def exited_servers(self) -> dict[tuple[str, int], int]:
         """{(job, index): exit code} of the server tasks that have exited (a negative
         code: killed by that signal)."""
         return {key: proc.returncode for key, proc in sorted(self._procs.items())
                 if proc.poll() is not None}
 
-    def check_alive(self):
+    def check_alive(self) -> None:
         """Raises ClusterError (with its log tail) if any server has exited."""
         for key, proc in sorted(self._procs.items()):
             if proc.poll() is not None:

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import Optional, Sequence, Union
 
 from tfgc.cluster import isolation
 from tfgc.cluster.processes import ClusterError, pid_alive
@@ -30,7 +31,7 @@ _NETNS_PREFIX = "tfgc-"
 _DELAY_LINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delayline.py")
 
 
-def parse_rate(rate):
+def parse_rate(rate: str) -> float:
     """'10mbit' -> 1e7 bits per second (tc's units: bit/kbit/mbit/gbit, bps = bytes/s).
 
     Raises:
@@ -44,7 +45,7 @@ def parse_rate(rate):
     return float(match.group(1)) * _RATE_SCALE[match.group(2).lower()]
 
 
-def parse_delay(delay):
+def parse_delay(delay: str) -> float:
     """'25ms' -> 0.025 seconds (units us, ms or s; 0 allowed).
 
     Raises:
@@ -56,7 +57,7 @@ def parse_delay(delay):
     return float(match.group(1)) * _DELAY_SCALE[match.group(2).lower()]
 
 
-def parse_loss(loss):
+def parse_loss(loss: Union[str, float]) -> float:
     """'1%' or 0.01 -> 0.01: the probability that a link drops a frame.
 
     Raises:
@@ -72,7 +73,7 @@ def parse_loss(loss):
     return value
 
 
-def parse_link(spec):
+def parse_link(spec: str) -> dict[str, Optional[str]]:
     """'10mbit/25ms' -> {"bandwidth": "10mbit", "delay": "25ms", "loss": None}.
 
     A link is its rate, then optionally its one-way delay and its loss rate, joined by
@@ -112,7 +113,7 @@ def _run(cmd):
         ) from None
 
 
-def emulation_unavailable():
+def emulation_unavailable() -> Optional[str]:
     """Why bandwidth emulation cannot run here (a sentence), or None if it can."""
     if not sys.platform.startswith("linux"):
         return "bandwidth emulation needs Linux network namespaces"
@@ -158,12 +159,12 @@ def _has_netem(netns):
                        capture_output=True, timeout=10)
 
 
-def netns_list():
+def netns_list() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
     return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
 
-def remove_stale_namespaces():
+def remove_stale_namespaces() -> list[str]:
     """Deletes namespaces left by launchers that were killed before they cleaned up.
 
     Names are "tfgc-<launcher pid>-..."; only those whose launcher is gone are removed.
@@ -214,7 +215,8 @@ class EmulatedNetwork:
 
     _count = 0
 
-    def __init__(self, rate, tasks, delay=None, loss=None):
+    def __init__(self, rate: Optional[str], tasks: Sequence[tuple[str, int]],
+                 delay: Optional[str] = None, loss: Union[str, float, None] = None) -> None:
         reason = emulation_unavailable()
         if reason:
             raise ClusterError(reason)
@@ -232,15 +234,17 @@ class EmulatedNetwork:
         # draw from the global `random` was not: training code seeds it, and two test
         # processes seeded alike drew the same name ("RTNETLINK answers: File exists").
         self.root_link = f"tfgc{os.getpid():06x}{EmulatedNetwork._count % 256:02x}"
-        self.namespaces = {}  # (job, index) -> namespace name
-        self.hosts = {}  # (job, index) -> ip; ("chief", 0) is this namespace
-        self.delay_method = None  # "netem" or "delay line", once set up with a delay
-        self._created = []
-        self._line = None  # the delay line's Popen
-        self._line_pairs = []  # [(far end of a task's link, its port to the bridge)]
+        self.namespaces: dict[tuple[str, int], str] = {}  # (job, index) -> namespace name
+        # (job, index) -> ip; ("chief", 0) is this namespace
+        self.hosts: dict[tuple[str, int], str] = {}
+        self.delay_method: Optional[str] = None  # "netem" or "delay line", once set up with a delay
+        self._created: list[str] = []
+        self._line: Optional[subprocess.Popen[str]] = None  # the delay line's Popen
+        # [(far end of a task's link, its port to the bridge)]
+        self._line_pairs: list[tuple[str, str]] = []
 
     @property
-    def delayed(self):
+    def delayed(self) -> bool:
         return self.delay_s > 0 or self.loss > 0
 
     def _shape(self, device, netns=None):
@@ -265,7 +269,7 @@ class EmulatedNetwork:
         _run(cmd + ["qdisc", "add", "dev", device, *parent, "tbf",
                     "rate", self.rate, "burst", str(burst), "limit", str(limit)])
 
-    def setup(self):
+    def setup(self) -> dict[tuple[str, int], str]:
         """Creates and shapes everything; returns {(job, index): ip}. Undone on error."""
         remove_stale_namespaces()
         try:
@@ -357,7 +361,7 @@ class EmulatedNetwork:
             _, err = self._line.communicate(timeout=10)
             raise ClusterError(f"the delay line did not start: {first} {err.strip()}")
 
-    def delay_line_counts(self):
+    def delay_line_counts(self) -> dict[str, dict[str, int]]:
         """What the delay line forwarded, delayed, lost and dropped, per link; stops it.
 
         Returns:
@@ -373,7 +377,7 @@ class EmulatedNetwork:
         lines = [line for line in out.splitlines() if line.startswith("{")]
         return json.loads(lines[-1]) if lines else {}
 
-    def teardown(self):
+    def teardown(self) -> None:
         """Stops the delay line; deletes the namespaces (with their links) and the chief's
         link; idempotent."""
         if self._line is not None:
@@ -391,11 +395,11 @@ class EmulatedNetwork:
         # Gone with its peer in the hub namespace already; make sure.
         subprocess.run(["ip", "link", "del", self.root_link], capture_output=True, timeout=30)
 
-    def exec_prefix(self, task):
+    def exec_prefix(self, task: tuple[str, int]) -> list[str]:
         """Command prefix that runs a program inside `task`'s namespace."""
         return ["ip", "netns", "exec", self.namespaces[task]]
 
-    def link_bytes(self, task):
+    def link_bytes(self, task: tuple[str, int]) -> dict[str, int]:
         """Bytes that crossed `task`'s link, from the kernel's counters of its interface.
 
         Unlike socket counters (`ss`), these outlive the task's processes and

@@ -6,11 +6,12 @@ then runs COMMAND there, e.g. a test suite that starts clusters of its own:
 """
 import os
 import sys
+from typing import Optional, Sequence
 
 from tfgc.cluster import isolation
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]

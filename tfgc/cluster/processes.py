@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import Sequence
 
 HOST = "127.0.0.1"
 JOBS = ("ps", "worker")
@@ -30,7 +31,7 @@ class ExposedClusterError(ClusterError):
 class ClusterTimeout(ClusterError):
     """Worker scripts ran past their time limit; `results` holds what each one did."""
 
-    def __init__(self, message, results):
+    def __init__(self, message: str, results: "list[WorkerResult]") -> None:
         super().__init__(message)
         self.results = results
 
@@ -62,7 +63,7 @@ class WorkerResult:
     timed_out: bool = False
 
 
-def read_text(path):
+def read_text(path: str) -> str:
     try:
         with open(path, errors="replace") as f:
             return f.read()
@@ -70,7 +71,7 @@ def read_text(path):
         return ""
 
 
-def reserve_ports(count):
+def reserve_ports(count: int) -> list[int]:
     """Returns `count` distinct free TCP ports on 127.0.0.1.
 
     The sockets stay open until all ports are read so the kernel cannot hand out the
@@ -89,7 +90,7 @@ def reserve_ports(count):
             s.close()
 
 
-def log_tail(path, lines=_LOG_TAIL_LINES):
+def log_tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
     try:
         with open(path, errors="replace") as f:
             return "".join(f.readlines()[-lines:]).rstrip() or "(log is empty)"
@@ -97,7 +98,7 @@ def log_tail(path, lines=_LOG_TAIL_LINES):
         return f"(could not read {path}: {error})"
 
 
-def pid_alive(pid):
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,7 +120,7 @@ def _resolve_prctl():
 _PRCTL = _resolve_prctl() if sys.platform.startswith("linux") else None
 
 
-def die_with_parent():
+def die_with_parent() -> None:
     """preexec_fn: the child gets SIGKILL when the thread that started it dies.
 
     So worker scripts (which have no watchdog of their own) cannot outlive a launcher
@@ -129,7 +130,7 @@ def die_with_parent():
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def kill_group(proc):
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILLs `proc` and the process group it leads (a script's own children too)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # its session/group id is its pid
@@ -145,7 +146,7 @@ def kill_group(proc):
         pass
 
 
-def describe_results(results):
+def describe_results(results: Sequence[WorkerResult]) -> str:
     lines = []
     for r in results:
         state = "timed out" if r.timed_out else f"exit {r.returncode}"
@@ -157,12 +158,12 @@ def describe_results(results):
 
 
 class PortConflict(ClusterError):
-    def __init__(self, message, task):
+    def __init__(self, message: str, task: str) -> None:
         super().__init__(message)
         self.task = task
 
 
-def accepts_connections(host, port):
+def accepts_connections(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
@@ -170,5 +171,5 @@ def accepts_connections(host, port):
         return False
 
 
-def progress(message):
+def progress(message: str) -> None:
     print(f"[tfgc.cluster] {message}", file=sys.stderr, flush=True)

@@ -13,14 +13,18 @@ import re
 import socket
 import subprocess
 import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from tfgc.cluster.processes import JOBS, ClusterError
+
+if TYPE_CHECKING:
+    from tfgc.cluster.netem import EmulatedNetwork
 
 _PID = re.compile(r"pid=(\d+)")
 _COUNTER = re.compile(r"\b(bytes_sent|bytes_acked|bytes_received):(\d+)")
 
 
-def parse_address(text):
+def parse_address(text: str) -> Optional[tuple[str, Optional[int]]]:
     """'127.0.0.1:5' / '[::ffff:127.0.0.1]:5' -> ('127.0.0.1', 5); '*:5' -> ('*', 5).
 
     The port is None for '*' (a listener's peer); None if unparsable.
@@ -40,7 +44,7 @@ def parse_address(text):
         return None
 
 
-def numeric_host(host):
+def numeric_host(host: str) -> str:
     """`host` as the numeric address `ss -n` prints ("localhost" -> "127.0.0.1")."""
     try:
         ipaddress.ip_address(host)
@@ -53,7 +57,7 @@ def numeric_host(host):
         return host  # unresolvable: matches nothing, as before
 
 
-def run_ss(args, netns=None):
+def run_ss(args: Sequence[str], netns: Optional[str] = None) -> str:
     prefix = ["ip", "netns", "exec", netns] if netns else []
     try:
         result = subprocess.run(
@@ -66,7 +70,7 @@ def run_ss(args, netns=None):
     return result.stdout
 
 
-def ss_sockets(extra_args, netns=None):
+def ss_sockets(extra_args: Sequence[str], netns: Optional[str] = None) -> list[dict[str, Any]]:
     """Every socket `ss -H -tnp [extra]` lists, read until two listings agree.
 
     The kernel dumps its socket table in several batches while sockets keep opening and
@@ -77,6 +81,7 @@ def ss_sockets(extra_args, netns=None):
 
     Args and return value: as `ss_listing`.
     """
+    merged: dict[tuple[Any, Any], dict[str, Any]]
     merged, previous = {}, None
     for _ in range(_SS_READS):
         listing = {(s["local"], s["peer"]): s for s in ss_listing(extra_args, netns)}
@@ -95,7 +100,7 @@ def ss_sockets(extra_args, netns=None):
 _SS_READS = 5
 
 
-def ss_listing(extra_args, netns=None):
+def ss_listing(extra_args: Sequence[str], netns: Optional[str] = None) -> list[dict[str, Any]]:
     """Parses `ss -H -tnp [extra] ...` into dicts {local, peer, pid, bytes_acked, ...}.
 
     With -i, ss prints each socket's counters on a continuation line that starts
@@ -148,7 +153,12 @@ def ss_listing(extra_args, netns=None):
     return sockets
 
 
-def label_sockets(sockets, task_of_pid, task_addresses):
+def label_sockets(
+    sockets: Sequence[Mapping[str, Any]],
+    task_of_pid: Mapping[Optional[int], tuple[str, int]],
+    task_addresses: set[tuple[str, int]],
+) -> tuple[list[dict[str, Any]],
+           list[tuple[tuple[str, Optional[int]], tuple[str, Optional[int]]]]]:
     """(rows {local_pid, local_job, local_index, peer_job, peer_index, bytes_*}, [unknown]).
 
     A connection between two tasks appears once from each end. The peer of a socket is
@@ -188,7 +198,8 @@ def label_sockets(sockets, task_of_pid, task_addresses):
     return rows, unknown
 
 
-def task_traffic(tf_config=None, pid=None, netns=None):
+def task_traffic(tf_config: Optional[Mapping[str, Any]] = None, pid: Optional[int] = None,
+                 netns: Optional[str] = None) -> dict[tuple[str, int], dict[str, int]]:
     """Bytes a task's process exchanged with each other task of its cluster, from `ss`.
 
     Call it inside a task (e.g. a MultiWorkerMirroredStrategy worker started by
@@ -277,6 +288,15 @@ class SocketCounters:
     """`LocalCluster`'s view of its own connections (a mixin: it reads the cluster's
     addresses, pids and emulated network)."""
 
+    if TYPE_CHECKING:  # what the cluster that mixes it in provides
+        _addresses: Optional[dict[str, list[str]]]
+        _net: Optional[EmulatedNetwork]
+
+        @property
+        def pids(self) -> dict[str, list[Optional[int]]]: ...
+
+        def _require_started(self) -> None: ...
+
     def _tasks_by_pid(self, chief_pid=None):
         tasks = {}
         if "chief" in self._addresses:
@@ -296,7 +316,7 @@ class SocketCounters:
                 addresses.add((numeric_host(host.strip("[]")), int(port)))
         return addresses
 
-    def socket_bytes(self, chief_pid=None):
+    def socket_bytes(self, chief_pid: Optional[int] = None) -> list[dict[str, Any]]:
         """Exact TCP byte counters of every connection between two cluster processes.
 
         Reads `ss -tinp` (in each task's namespace under bandwidth emulation): each
@@ -335,8 +355,9 @@ class SocketCounters:
             f"could not tell which processes own {len(unknown)} connection(s) between "
             f"cluster tasks ({unknown[:3]}): `ss -p` did not name them")
 
-    def settled_socket_bytes(self, chief_pid=None, quiet_s=1.0, tolerance_bytes=1024,
-                             timeout_s=30.0):
+    def settled_socket_bytes(self, chief_pid: Optional[int] = None, quiet_s: float = 1.0,
+                             tolerance_bytes: int = 1024,
+                             timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """`socket_bytes()` once the cluster's traffic has stopped moving.
 
         Under ParameterServerStrategy a step's closure can return, and `model.fit` with
@@ -362,7 +383,8 @@ class SocketCounters:
                 raise ClusterError(f"the cluster's traffic did not settle within {timeout_s:.0f} s")
             time.sleep(quiet_s / 2)
 
-    def traffic_between(self, src_job, dst_job, chief_pid=None, rows=None):
+    def traffic_between(self, src_job: str, dst_job: str, chief_pid: Optional[int] = None,
+                        rows: Optional[Sequence[Mapping[str, Any]]] = None) -> int:
         """Total bytes sent from the tasks of `src_job` to the tasks of `dst_job`.
 
         Args:
@@ -379,11 +401,13 @@ class SocketCounters:
             r["bytes_acked"] for r in rows if r["local_job"] == src_job and r["peer_job"] == dst_job
         )
 
-    def traffic_summary(self, chief_pid=None, rows=None):
+    def traffic_summary(self, chief_pid: Optional[int] = None,
+                        rows: Optional[Sequence[Mapping[str, Any]]] = None
+                        ) -> dict[tuple[str, str], int]:
         """{(src_job, dst_job): bytes sent} for every pair of jobs that exchanged bytes."""
         if rows is None:
             rows = self.socket_bytes(chief_pid)
-        summary = {}
+        summary: dict[tuple[str, str], int] = {}
         for r in rows:
             key = (r["local_job"], r["peer_job"])
             summary[key] = summary.get(key, 0) + r["bytes_acked"]

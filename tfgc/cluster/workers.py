@@ -4,18 +4,42 @@ import os
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 from tfgc.cluster.processes import (
     ClusterError, ClusterTimeout, WorkerResult, describe_results, die_with_parent, kill_group,
     read_text,
 )
 
+if TYPE_CHECKING:
+    from tfgc.cluster.local import LocalCluster
+    from tfgc.cluster.netem import EmulatedNetwork
+
 
 class WorkerScripts:
     """`LocalCluster`'s worker scripts: one process per worker task, each with its
     `TF_CONFIG` (a mixin: it uses the cluster's start, environment and network)."""
 
-    def start_workers(self, argv, env=None):
+    if TYPE_CHECKING:  # what the cluster that mixes it in provides
+        num_ps: int
+        num_workers: int
+        log_dir: Optional[str]
+        _started: bool
+        _net: Optional[EmulatedNetwork]
+        _pids: dict
+        # index -> (Popen, started, stdout path, stderr path) of the running scripts
+        _worker_procs: dict[int, tuple[subprocess.Popen, float, str, str]]
+
+        def start(self) -> LocalCluster: ...
+
+        def _require_started(self) -> None: ...
+
+        def _child_env(self, job: str, index: int) -> dict[str, str]: ...
+
+        def tf_config(self, task_type: str, index: int = 0) -> dict[str, Any]: ...
+
+    def start_workers(self, argv: Union[str, Sequence[str]],
+                      env: Optional[Mapping[str, Optional[str]]] = None) -> list[int]:
         """Starts `python <argv>` once per worker task, each with its `TF_CONFIG`.
 
         For clusters with `num_ps=0`; starts the cluster if needed. Each process writes
@@ -52,8 +76,9 @@ class WorkerScripts:
                 else:
                     child_env[key] = str(value).replace("{index}", str(index))
             child_env["TF_CONFIG"] = json.dumps(self.tf_config("worker", index))
-            out_path = os.path.join(self.log_dir, f"worker-{index}.out")
-            err_path = os.path.join(self.log_dir, f"worker-{index}.err")
+            # start() set log_dir: _require_started() checked it.
+            out_path = os.path.join(self.log_dir, f"worker-{index}.out")  # type: ignore[arg-type]
+            err_path = os.path.join(self.log_dir, f"worker-{index}.err")  # type: ignore[arg-type]
             prefix = self._net.exec_prefix(("worker", index)) if self._net else []
             with open(out_path, "w") as out, open(err_path, "w") as err:
                 proc = subprocess.Popen(
@@ -65,7 +90,8 @@ class WorkerScripts:
             self._pids["worker"][index] = proc.pid
         return [self._worker_procs[i][0].pid for i in range(self.num_workers)]
 
-    def wait_workers(self, timeout_s=600, check=False, failure_grace_s=30.0):
+    def wait_workers(self, timeout_s: float = 600, check: bool = False,
+                     failure_grace_s: float = 30.0) -> list[WorkerResult]:
         """Waits for the worker scripts; kills (SIGKILL, by pid) any left at the deadline.
 
         When one worker fails, the others usually block in a collective forever, so
@@ -87,6 +113,7 @@ class WorkerScripts:
         if not self._worker_procs:
             raise RuntimeError("no worker scripts are running; call start_workers() first")
         deadline = time.monotonic() + timeout_s
+        ended: dict[int, float]
         ended, timed_out = {}, set()
         first_failure = None
         try:
@@ -128,7 +155,9 @@ class WorkerScripts:
             raise ClusterError("worker script(s) failed.\n" + describe_results(results))
         return results
 
-    def run_workers(self, argv, timeout_s=600, env=None, check=False):
+    def run_workers(self, argv: Union[str, Sequence[str]], timeout_s: float = 600,
+                    env: Optional[Mapping[str, Optional[str]]] = None,
+                    check: bool = False) -> list[WorkerResult]:
         """Runs `python <argv>` as every worker task (each with its `TF_CONFIG`) and waits.
 
         For MultiWorkerMirroredStrategy clusters (`num_ps=0`): every worker runs the
@@ -152,7 +181,7 @@ class WorkerScripts:
         self.start_workers(argv, env=env)
         return self.wait_workers(timeout_s=timeout_s, check=check)
 
-    def workers_running(self):
+    def workers_running(self) -> bool:
         """True while a worker script started by `start_workers` still runs."""
         return any(proc.poll() is None for proc, _, _, _ in self._worker_procs.values())
 

@@ -3,6 +3,7 @@ time model, in numpy; no Keras here (the callback is `tfgc.mqgrad.callback`)."""
 import collections.abc
 import json
 import math
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +22,8 @@ REWARD_NORMALIZATIONS = ("none", "rms")
 # --- the formulas ------------------------------------------------------------------------
 
 
-def smooth_losses(losses, previous, alpha):
+def smooth_losses(losses: Union[np.ndarray, Sequence[float]], previous: float,
+                  alpha: float) -> np.ndarray:
     """Eq. (1): exponential moving average over a window, chained across windows.
 
     L̄_t^1 = alpha * L_t^1 + (1 - alpha) * L̄_{t-1}^T and
@@ -43,7 +45,7 @@ def smooth_losses(losses, previous, alpha):
     return smoothed
 
 
-def loss_slope(smoothed):
+def loss_slope(smoothed: Union[np.ndarray, Sequence[float]]) -> float:
     """β of the least-squares line β·i + b through the smoothed losses at i = 1..T."""
     y = np.asarray(smoothed, np.float64)
     if y.size < 2:
@@ -53,7 +55,8 @@ def loss_slope(smoothed):
     return float(np.dot(i, y - y.mean()) / np.dot(i, i))
 
 
-def reward(smoothed, cost_ms, reward_scale):
+def reward(smoothed: Union[np.ndarray, Sequence[float]], cost_ms: float,
+           reward_scale: float) -> float:
     """Eq. (2): R = -β · reward_scale / c, c the window's time in milliseconds.
 
     A falling loss (β < 0) earns a positive reward, larger when it fell in less time.
@@ -152,10 +155,12 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
       name: a name for the agent.
     """
 
-    def __init__(self, T=5, initial_bits=MIN_BITS, min_bits=MIN_BITS, max_bits=MAX_BITS,
-                 alpha=0.01, epsilon=0.1, eta=0.1, discount=0.9, reward_scale=300.0,
-                 hidden_units=10, reward_normalization="rms", epsilon_decay=0.99, seed=None,
-                 name=None):
+    def __init__(self, T: int = 5, initial_bits: int = MIN_BITS,  # noqa: N803 (the paper's T)
+                 min_bits: int = MIN_BITS, max_bits: int = MAX_BITS, alpha: float = 0.01,
+                 epsilon: float = 0.1, eta: float = 0.1, discount: float = 0.9,
+                 reward_scale: float = 300.0, hidden_units: int = 10,
+                 reward_normalization: str = "rms", epsilon_decay: float = 0.99,
+                 seed: Optional[int] = None, name: Optional[str] = None) -> None:
         self.name = name or "mqgrad_agent"
         if int(T) < 1:
             raise ValueError(f"T must be at least 1, got {T}")
@@ -175,7 +180,7 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
                              f"got {reward_normalization!r}")
         if not 0 < epsilon_decay <= 1:
             raise ValueError(f"epsilon_decay must be in (0, 1], got {epsilon_decay}")
-        self.config = dict(
+        self.config: dict[str, Any] = dict(
             T=int(T), initial_bits=int(initial_bits), min_bits=int(min_bits),
             max_bits=int(max_bits), alpha=float(alpha), epsilon=float(epsilon),
             eta=float(eta), discount=float(discount), reward_scale=float(reward_scale),
@@ -193,13 +198,13 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
         self.iteration = 0            # m: iterations observed so far
         self.t = 0                    # MDP steps taken so far
         self.bits = self.config["initial_bits"]   # bits the workers use now
-        self.state_bits = None        # n_{t-1} of the last state
-        self.state_losses = None      # L̄_{t-1} of the last state
-        self.action = None            # a_{t-1}
-        self.smoothed = None          # L̄_{t-1}^T, where Eq. (1) chains from
-        self.pending_losses = []      # the current window's losses
-        self.pending_costs = []       # ... and times (ms)
-        self.last_step = None         # diagnostics of the last MDP step
+        self.state_bits: Optional[int] = None  # n_{t-1} of the last state
+        self.state_losses: Optional[np.ndarray] = None  # L̄_{t-1} of the last state
+        self.action: Optional[int] = None  # a_{t-1}
+        self.smoothed: Optional[float] = None  # L̄_{t-1}^T, where Eq. (1) chains from
+        self.pending_losses: list[float] = []  # the current window's losses
+        self.pending_costs: list[float] = []  # ... and times (ms)
+        self.last_step: Optional[dict[str, Any]] = None  # diagnostics of the last MDP step
         self.reward_count = 0         # rewards seen, and the sum of their squares (for
         self.reward_square_sum = 0.0  # reward_normalization="rms")
 
@@ -209,26 +214,27 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
                    "reward_square_sum")
 
     @property
-    def T(self):  # noqa: N802 (the paper's name)
+    def T(self) -> int:  # noqa: N802 (the paper's name)
         return self.config["T"]
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float:
         """The exploration probability of the next decision (after `epsilon_decay`)."""
         return self.config["epsilon"] * self.config["epsilon_decay"] ** self.t
 
     # --- the Q-network ---
 
-    def q_values(self, losses):
+    def q_values(self, losses: np.ndarray) -> np.ndarray:
         """The network's outputs for smoothed losses L̄ (one per bits level)."""
         hidden = np.maximum(self.params["w1"].T @ losses + self.params["b1"], 0.0)
         return self.params["w2"].T @ hidden + self.params["b2"]
 
-    def q(self, state_bits, losses, action):
+    def q(self, state_bits: int, losses: np.ndarray, action: int) -> float:
         """Q(s, a) for s = [state_bits, losses]: the output of level state_bits + action."""
         return float(self.q_values(losses)[self._level(state_bits + action)])
 
-    def q_gradient(self, state_bits, losses, action):
+    def q_gradient(self, state_bits: int, losses: np.ndarray,
+                   action: int) -> dict[str, np.ndarray]:
         """∂Q(s, a)/∂v for every parameter v, as a dict like `params`."""
         k = self._level(state_bits + action)
         pre = self.params["w1"].T @ losses + self.params["b1"]
@@ -244,17 +250,17 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
         grads["b2"][k] = 1.0
         return grads
 
-    def actions(self, state_bits):
+    def actions(self, state_bits: int) -> tuple[int, ...]:
         """The actions available in a state with `state_bits` bits."""
         return (KEEP, ADD) if state_bits < self.config["max_bits"] else (KEEP,)
 
-    def greedy(self, state_bits, losses):
+    def greedy(self, state_bits: int, losses: np.ndarray) -> int:
         """argmax_a Q(s, a) over the available actions (ties: KEEP)."""
         actions = self.actions(state_bits)
         values = [self.q(state_bits, losses, a) for a in actions]
         return actions[int(np.argmax(values))]
 
-    def policy(self, state_bits, losses):
+    def policy(self, state_bits: int, losses: np.ndarray) -> int:
         """Epsilon-greedy: the greedy action with probability 1 - epsilon, else the other."""
         greedy = self.greedy(state_bits, losses)
         actions = self.actions(state_bits)
@@ -271,7 +277,11 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
 
     # --- the MDP ---
 
-    def observe(self, loss, cost_ms, reduce=None):
+    def observe(
+        self, loss: float, cost_ms: float,
+        reduce: Optional[Callable[[np.ndarray, np.ndarray, int],
+                                  tuple[np.ndarray, np.ndarray]]] = None,
+    ) -> int:
         """Records iteration m's loss and time; runs MDP step m // T when m % T == 0.
 
         Args:
@@ -291,6 +301,8 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
         self.pending_costs.append(float(cost_ms))
         self.iteration += 1
         if (self.iteration - 1) % self.T == 0:
+            losses: Union[list[float], np.ndarray]
+            costs: Union[list[float], np.ndarray]
             losses, costs = self.pending_losses, self.pending_costs
             if reduce is not None:
                 losses, costs = reduce(np.asarray(losses, np.float64),
@@ -299,7 +311,7 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
             self.step(np.asarray(losses, np.float64), float(np.sum(costs)))
         return self.bits
 
-    def step(self, losses, cost_ms):
+    def step(self, losses: np.ndarray, cost_ms: float) -> int:
         """One MDP step (Algorithm 2) on a full window; returns the bits to send.
 
         Args:
@@ -313,19 +325,24 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
             state_bits = self.bits
             r, delta, greedy_previous = None, None, None
         else:
+            # The first step set the smoothed loss, the state and the action together; mypy
+            # cannot tell that from `state_bits` alone (the ignores below).
             if len(losses) != self.T:
                 raise ValueError(f"an MDP step needs T={self.T} losses, got {len(losses)}")
-            smoothed = smooth_losses(losses, self.smoothed, cfg["alpha"])
+            smoothed = smooth_losses(losses, self.smoothed, cfg["alpha"])  # type: ignore[arg-type]
             self.smoothed = float(smoothed[-1])
             # Eq. (3): the new state keeps the greedy choice made in the previous state.
-            greedy_previous = self.greedy(self.state_bits, self.state_losses)
+            greedy_previous = self.greedy(self.state_bits,
+                                          self.state_losses)  # type: ignore[arg-type]
             state_bits = self.state_bits + greedy_previous
             r = self._normalized(reward(smoothed, cost_ms, cfg["reward_scale"]))
         action = self.policy(state_bits, smoothed)
         if r is not None:
             target = r + cfg["discount"] * self.q(state_bits, smoothed, action)
-            delta = target - self.q(self.state_bits, self.state_losses, self.action)
-            grads = self.q_gradient(self.state_bits, self.state_losses, self.action)
+            delta = target - self.q(self.state_bits, self.state_losses,  # type: ignore[arg-type]
+                                    self.action)  # type: ignore[arg-type]
+            grads = self.q_gradient(self.state_bits, self.state_losses,  # type: ignore[arg-type]
+                                    self.action)  # type: ignore[arg-type]
             for key, grad in grads.items():
                 self.params[key] = self.params[key] + cfg["eta"] * delta * grad
         self.state_bits, self.state_losses, self.action = state_bits, smoothed, action
@@ -348,7 +365,7 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
 
     # --- checkpointing ---
 
-    def get_state(self):
+    def get_state(self) -> dict[str, Any]:
         """The agent's whole state as a JSON-serializable dict (floats kept exactly)."""
         state = {key: _to_json(getattr(self, key)) for key in self._STATE_KEYS}
         state.update(
@@ -357,7 +374,7 @@ class MQGradAgent(_compat.Trackable):  # type: ignore[misc,valid-type]  # a clas
             rng=self._rng.bit_generator.state, seeded=self.seeded)
         return state
 
-    def set_state(self, state):
+    def set_state(self, state: Mapping[str, Any]) -> None:
         """Restores a state from `get_state` (the config must match this agent's)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unknown MQGrad agent state version {state.get('version')}")
@@ -416,7 +433,8 @@ class TimeModel:
       round_trip: also charge the reply.
     """
 
-    def __init__(self, bandwidth, compute_ms=None, round_trip=True):
+    def __init__(self, bandwidth: float, compute_ms: Optional[float] = None,
+                 round_trip: bool = True) -> None:
         if not bandwidth > 0:
             raise ValueError(f"bandwidth must be positive bytes/s, got {bandwidth}")
         if compute_ms is not None and compute_ms < 0:
@@ -425,7 +443,7 @@ class TimeModel:
         self.compute_ms = compute_ms
         self.round_trip = bool(round_trip)
 
-    def cost_ms(self, wall_ms, step_bytes):
+    def cost_ms(self, wall_ms: float, step_bytes: float) -> float:
         """The modelled time of one iteration that sent `step_bytes` bytes upstream."""
         compute = wall_ms if self.compute_ms is None else self.compute_ms
         wire = step_bytes * (2 if self.round_trip else 1)

@@ -1,7 +1,7 @@
 """The MQGrad tf_keras callback: feeds an `MQGradAgent` the losses and times of
 `model.fit` and writes its bits into a `Quantize` codec."""
 import time
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -72,7 +72,7 @@ class MQGrad(tf_keras.callbacks.Callback):
 
     def __init__(self, codec_or_optimizer: Any = None, T: int = 5,  # noqa: N803 (the paper's T)
                  time_model: Any = None, loss_key: str = "loss", agent: Any = None,
-                 **agent_kwargs: Any):
+                 **agent_kwargs: Any) -> None:
         super().__init__()
         # Batch hooks under ParameterServerStrategy must take the logs as they come
         # (RemoteValues); `_number` fetches what it reads.
@@ -86,12 +86,12 @@ class MQGrad(tf_keras.callbacks.Callback):
         self.time_model = time_model
         self.loss_key = loss_key
         self._target = codec_or_optimizer
-        self.codec = None
+        self.codec: Optional[Quantize] = None
         self._optimizer = None
         self._bytes_by_bits: dict = {}
         self._multi_worker = False
-        self._previous_mean = None
-        self._batch_start = None
+        self._previous_mean: Optional[tuple[int, float]] = None
+        self._batch_start: Optional[float] = None
         self.trace: list = []
         self.steps: list = []
 
@@ -116,7 +116,7 @@ class MQGrad(tf_keras.callbacks.Callback):
                 optimizer = model_optimizer
         return codec, optimizer
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         self.codec, self._optimizer = self._resolve()
         strategy = self.model.distribute_strategy
         self._multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -130,18 +130,19 @@ class MQGrad(tf_keras.callbacks.Callback):
                              "steps_per_execution=1")
         self._set_bits(self.agent.bits)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         self._previous_mean = None
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self._batch_start = time.perf_counter()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         if isinstance(logs, dict):  # History and TensorBoard get the bits per epoch
             logs["bits"] = self.agent.bits
 
-    def on_train_batch_end(self, batch, logs=None):
-        wall_ms = 1000.0 * (time.perf_counter() - self._batch_start)
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        # on_train_batch_begin set _batch_start.
+        wall_ms = 1000.0 * (time.perf_counter() - self._batch_start)  # type: ignore[operator]
         # Under ParameterServerStrategy the logs are one RemoteValue: fetching it waits
         # for the step.
         values = logs.fetch() if hasattr(logs, "fetch") else (logs or {})
@@ -176,7 +177,7 @@ class MQGrad(tf_keras.callbacks.Callback):
 
     # --- bytes per step (for the time model) ---
 
-    def step_bytes(self, bits):
+    def step_bytes(self, bits: int) -> int:
         """Bytes one step pushes with `bits`: every trainable variable's share of the
         fused message (`tfgc.wire`), as the optimizer counts it.
 
@@ -195,7 +196,9 @@ class MQGrad(tf_keras.callbacks.Callback):
                 if optimizer is None or optimizer.compresses(variable):
                     # The bits as a tensor, as in training (a constant would be left
                     # out of the message as static).
-                    total += fused_nbytes(self.codec.encode_with_bits, zeros,
+                    # on_train_begin set the codec.
+                    total += fused_nbytes(self.codec.encode_with_bits,  # type: ignore[union-attr]
+                                          zeros,
                                           tf.constant(bits, tf.int32))
                 else:
                     total += fused_nbytes(optimizer.wire_codec(variable).encode, zeros)
