@@ -8,6 +8,7 @@ may import it.
 """
 import contextlib
 import functools
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -19,12 +20,12 @@ from tfgc import _compat, server_variables
 DEFAULT_MIN_ELEMENTS = 1024
 
 
-def is_parameter_server(strategy):
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     """True for ParameterServerStrategy (variables on servers, asynchronous workers)."""
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
-def require_ops_on(devices):
+def require_ops_on(devices: Iterable[str]) -> None:
     """Raises unless every device in `devices` can run tfgc's ops.
 
     A parameter server or worker started without `import tfgc` lacks the op library;
@@ -47,22 +48,23 @@ def require_ops_on(devices):
                 "tf.distribute.Server(...); tfgc.cluster's servers do)") from None
 
 
-def worker_devices(strategy):
+def worker_devices(strategy: tf.distribute.Strategy) -> list[str]:
     """The CPU device of every worker task under ParameterServerStrategy."""
     return [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(num_workers(strategy))]
 
 
-def dense_nbytes(variable):
+def dense_nbytes(variable: tf.Variable) -> int:
     """Bytes of `variable` as a dense tensor: what sending it uncompressed costs."""
     return variable.shape.num_elements() * variable.dtype.size
 
 
-def zeros_of(shape, dtype):
+def zeros_of(shape: Union[tf.TensorShape, Sequence[int]], dtype: tf.DType) -> Callable[[], tf.Tensor]:
     """A callable initial value of zeros, made where the variable is (see `local_variable`)."""
     return functools.partial(tf.zeros, shape, dtype)
 
 
-def local_variable(initial_value, name, per_worker, saved_alone=False):
+def local_variable(initial_value: Union[tf.Tensor, Callable[[], tf.Tensor]], name: str,
+                   per_worker: bool, saved_alone: bool = False) -> tf.Variable:
     """A variable each replica updates on its own copy of; reading it sums the copies
     (or, with `saved_alone`, gives this worker's first copy).
 
@@ -103,7 +105,7 @@ def local_variable(initial_value, name, per_worker, saved_alone=False):
     return tf.Variable(initial_value, trainable=False, name=name)
 
 
-def num_workers(strategy=None):
+def num_workers(strategy: Optional[tf.distribute.Strategy] = None) -> int:
     """Worker tasks under ParameterServerStrategy (each has its own pull state), else 1."""
     strategy = strategy or tf.distribute.get_strategy()
     if is_parameter_server(strategy):
@@ -112,7 +114,7 @@ def num_workers(strategy=None):
 
 
 @contextlib.contextmanager
-def colocated_with(variable):
+def colocated_with(variable: tf.Variable) -> Iterator[None]:
     """Variables created inside go where `variable` is (its parameter server)."""
     strategy = tf.distribute.get_strategy()
     if is_parameter_server(strategy):
@@ -122,7 +124,7 @@ def colocated_with(variable):
         yield
 
 
-def worker_index():
+def worker_index() -> tf.Tensor:
     """This worker's index as an int32 scalar under ParameterServerStrategy, else 0."""
     if is_parameter_server(tf.distribute.get_strategy()):
         return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
@@ -133,7 +135,7 @@ def worker_index():
 _GATHERABLE = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
-def to_words(tensor):
+def to_words(tensor: tf.Tensor) -> tf.Tensor:
     """`tensor` flattened into something all-gather takes: itself, or its bytes as int32."""
     flat = tf.reshape(tensor, [-1])
     if tensor.dtype in _GATHERABLE:
@@ -143,7 +145,8 @@ def to_words(tensor):
     return tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
 
 
-def from_words(words, dtype, shape):
+def from_words(words: tf.Tensor, dtype: tf.DType, shape: Union[tf.Tensor, Sequence[int]]
+               ) -> tf.Tensor:
     """Inverse of `to_words` for a tensor of `dtype` and `shape`."""
     if dtype in _GATHERABLE:
         return tf.reshape(words, shape)
@@ -153,7 +156,8 @@ def from_words(words, dtype, shape):
     return tf.reshape(tf.bitcast(data, dtype), shape)
 
 
-def all_gather_padded(context, tensor):
+def all_gather_padded(context: tf.distribute.ReplicaContext, tensor: tf.Tensor
+                      ) -> list[tf.Tensor]:
     """Every replica's `tensor`, whose length may differ by replica, as a list."""
     # Nothing gathered may be empty: TF 2.21's collective all-gather of a tensor with
     # no elements crashes the process (ring, CPU). Rows get at least one word, and

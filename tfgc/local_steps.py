@@ -33,7 +33,7 @@ variables, saved in checkpoints. Between meetings the replicas' copies and the i
 optimizer's slots differ; a checkpoint keeps the first replica's, and a resumed run
 starts every replica from them.
 """
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional, Union
 
 import tensorflow as tf
 
@@ -57,7 +57,7 @@ class OuterSGD:
     """
 
     def __init__(self, learning_rate: float = 0.7, momentum: float = 0.9,
-                 nesterov: bool = True):
+                 nesterov: bool = True) -> None:
         if not learning_rate > 0:
             raise ValueError(f"the outer learning rate must be positive, got {learning_rate}")
         if not 0 <= momentum < 1:
@@ -86,7 +86,7 @@ class OuterSGD:
     def __eq__(self, other):
         return isinstance(other, OuterSGD) and self.get_config() == other.get_config()
 
-    def step(self, delta, momentum):
+    def step(self, delta: tf.Tensor, momentum: Optional[tf.Variable]) -> tf.Tensor:
         """The step to subtract from the anchor, given the mean pseudo-gradient `delta`
         and the momentum buffer (None without momentum), which it updates first."""
         if momentum is None:
@@ -108,19 +108,20 @@ class Meetings:
       function: the traced meeting, made at the first.
     """
 
-    def __init__(self, variables, anchors, momenta, synced_at):
+    def __init__(self, variables: list[tf.Variable], anchors: list[tf.Variable],
+                 momenta: Optional[list[tf.Variable]], synced_at: tf.Variable) -> None:
         self.variables = variables
         self.anchors = anchors
         self.momenta = momenta
         self.synced_at = synced_at
-        self.function = None
+        self.function: Optional[Callable[[], Any]] = None
 
-    def steps_since(self, iterations):
+    def steps_since(self, iterations: tf.Variable) -> int:
         """The local steps taken since the last meeting (eager)."""
         return int(iterations.numpy()) - int(self.synced_at.numpy())
 
 
-def check_local_steps(local_steps):
+def check_local_steps(local_steps: Optional[int]) -> int:
     """`local_steps` as an int >= 1 (None: 1), or a ValueError."""
     steps = 1 if local_steps is None else local_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -128,7 +129,7 @@ def check_local_steps(local_steps):
     return steps
 
 
-def as_outer_optimizer(config):
+def as_outer_optimizer(config: Union[OuterSGD, dict[str, Any], None]) -> OuterSGD:
     """An `OuterSGD` from itself, its config, or None (DiLoCo's default)."""
     if config is None:
         return OuterSGD()
@@ -139,7 +140,7 @@ def as_outer_optimizer(config):
     return config
 
 
-def scaled_for_one_replica(gradient, replicas):
+def scaled_for_one_replica(gradient: Optional[Union[tf.Tensor, tf.IndexedSlices]], replicas: int) -> Optional[Union[tf.Tensor, tf.IndexedSlices]]:
     """`gradient` times `replicas`: the gradient of the replica's own mean loss (Keras
     divided it by the replicas, for a sum across them that no local step takes)."""
     if gradient is None or replicas == 1:
@@ -150,7 +151,8 @@ def scaled_for_one_replica(gradient, replicas):
     return gradient * replicas
 
 
-def too_many_local_steps(iterations, synced_at, local_steps):
+def too_many_local_steps(iterations: tf.Tensor, synced_at: tf.Tensor, local_steps: int
+                         ) -> tf.Operation:
     """An op failing if a step now would be more than `local_steps` since the last
     meeting (nobody ran `synchronize`)."""
     return tf.debugging.Assert(

@@ -17,6 +17,8 @@ parameter servers (one process, mirrored strategies, a worker's cached copy unde
 NaN and Inf: bfloat16 rows carry them as they are; an int8 row with a non-finite value
 decodes to NaN throughout, so a diverged row stays visible.
 """
+from typing import Any
+
 import tensorflow as tf
 import tf_keras
 
@@ -26,12 +28,12 @@ from tfgc.wire import copies
 ROW_ENCODINGS = ("float32", "bfloat16", "int8")
 
 
-def on_parameter_server(variable):
+def on_parameter_server(variable: tf.Variable) -> bool:
     """Whether `variable` is one tf.Variable held by a parameter-server task."""
     return isinstance(variable, tf.Variable) and "/job:ps" in (variable.device or "")
 
 
-def packed_gather(variable, ids, rows="bfloat16"):
+def packed_gather(variable: tf.Variable, ids: tf.Tensor, rows: str = "bfloat16") -> tf.Tensor:
     """`tf.gather(variable, ids)` for distinct `ids`, read from `variable`'s server with
     the ids packed and the rows encoded as `rows` says.
 
@@ -98,7 +100,7 @@ def _decode_rows(encoded, rows, dtype):
     return tf.cast(tf.reshape(values, encoded["shape"]), dtype)
 
 
-def lookup(variable, ids, rows="bfloat16"):
+def lookup(variable: tf.Variable, ids: tf.Tensor, rows: str = "bfloat16") -> tf.Tensor:
     """`tf.nn.embedding_lookup(variable, ids)`, each distinct id's row read once, through
     `packed_gather` where `variable` is on a parameter server."""
     if not on_parameter_server(variable):
@@ -123,13 +125,14 @@ class CompressedEmbedding(tf_keras.layers.Embedding):
       **kwargs: as `tf_keras.layers.Embedding`'s.
     """
 
-    def __init__(self, input_dim, output_dim, rows="bfloat16", **kwargs):
+    def __init__(self, input_dim: int, output_dim: int, rows: str = "bfloat16",
+                 **kwargs: Any) -> None:
         if rows not in ROW_ENCODINGS:
             raise ValueError(f"rows must be one of {ROW_ENCODINGS}, got {rows!r}")
         super().__init__(input_dim, output_dim, **kwargs)
         self.rows = rows
 
-    def call(self, inputs):
+    def call(self, inputs: tf.Tensor) -> tf.Tensor:
         if not (tf.is_tensor(inputs) and on_parameter_server(self.embeddings)
                 and not isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor))):
             return super().call(inputs)
@@ -138,5 +141,5 @@ class CompressedEmbedding(tf_keras.layers.Embedding):
             out = tf.cast(out, self._dtype_policy.compute_dtype)
         return out
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "rows": self.rows}

@@ -16,10 +16,22 @@ downstream check sees it, and r is left as it was, so one bad step never poisons
 later ones.
 """
 import warnings
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, TypeVar, Union
 
 import tensorflow as tf
 
 from tfgc.codecs import base
+
+_Sent = TypeVar("_Sent", covariant=True)
+_Rule = TypeVar("_Rule", bound="ResidualFeedback")
+
+
+class _EncodesFlat(Protocol[_Sent]):
+    """What error feedback calls of a codec: a `base.Codec`, or several codecs that act
+    as one batched codec (`tfgc.wire.encoder`), whose "payload" is what they send."""
+
+    def encode_and_reconstruct_flat(self, flat: tf.Tensor, shapes: Sequence[base.Shape]
+                                    ) -> tuple[_Sent, tf.Tensor]: ...
 
 
 class ErrorFeedback(tf.Module, base.Codec):
@@ -34,7 +46,7 @@ class ErrorFeedback(tf.Module, base.Codec):
     `tf.train.Checkpoint`.
     """
 
-    def __init__(self, codec, name="error_feedback"):
+    def __init__(self, codec: base.Codec, name: str = "error_feedback") -> None:
         tf.Module.__init__(self, name=name)
         if not isinstance(codec, base.Codec):
             raise TypeError(f"ErrorFeedback wraps a tfgc Codec, got {type(codec).__name__}")
@@ -45,16 +57,17 @@ class ErrorFeedback(tf.Module, base.Codec):
                 "tensor (and, for stochastic rounding, variance); use the codec as it is",
                 stacklevel=2)
         self.codec = codec
-        self.residuals = {}
+        self.residuals: dict[str, tf.Variable] = {}
 
     @property
-    def summable(self):
+    def summable(self) -> bool:  # type: ignore[override]  # Codec's class attribute
         return self.codec.summable
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"codec": self.codec}
 
-    def residual(self, key, shape, dtype=tf.float32):
+    def residual(self, key: object, shape: base.Shape, dtype: tf.DType = tf.float32
+                 ) -> tf.Variable:
         """The residual variable of stream `key`, created as zeros on first use."""
         key = str(key)
         variable = self.residuals.get(key)
@@ -71,15 +84,17 @@ class ErrorFeedback(tf.Module, base.Codec):
             )
         return variable
 
-    def encode(self, x, key="default"):
+    def encode(self, x: tf.Tensor, key: object = "default") -> base.Payload:
         return self.encode_and_reconstruct(x, key)[0]
 
-    def encode_and_reconstruct(self, x, key="default"):
+    def encode_and_reconstruct(self, x: tf.Tensor, key: object = "default"
+                               ) -> tuple[base.Payload, tf.Tensor]:
         """Steps 1, 2, a, b for stream `key`; returns (payload, what the receiver decodes)."""
         x = tf.convert_to_tensor(x)
         return feedback_step(self.codec, x, self.residual(key, x.shape, x.dtype))
 
-    def decode(self, payload, expected_shape=None):
+    def decode(self, payload: base.Payload, expected_shape: Optional[base.Shape] = None
+               ) -> tf.Tensor:
         return self.codec.decode(payload, expected_shape=expected_shape)
 
     def __repr__(self):
@@ -99,23 +114,25 @@ class ResidualFeedback:
       decay: the factor on the residual in step 1, in (0, 1].
     """
 
-    def __init__(self, decay: float = 1.0):
+    def __init__(self, decay: float = 1.0) -> None:
         if not 0.0 < float(decay) <= 1.0:
             raise ValueError(f"ResidualFeedback decay must be in (0, 1], got {decay}")
         self.decay = float(decay)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"decay": self.decay}
 
-    def accumulate(self, x, residual):
+    def accumulate(self, x: tf.Tensor, residual: tf.Tensor) -> tf.Tensor:
         """Step 1: what the codec is given, from the gradient and the residual's value."""
         return x + residual if self.decay == 1.0 else x + self.decay * residual
 
-    def step(self, codec, x, residual):
+    def step(self, codec: base.Codec, x: tf.Tensor, residual: Union[tf.Variable, "StagedResidual"]
+             ) -> tuple[base.Payload, tf.Tensor]:
         """Steps 1, 2, a, b for one tensor and its residual variable: (payload, sent)."""
         return feedback_step(codec, x, residual, self.accumulate)
 
-    def flat_step(self, codec, xs, residuals):
+    def flat_step(self, codec: _EncodesFlat[_Sent], xs: Sequence[tf.Tensor],
+                  residuals: Sequence[Union[tf.Variable, "StagedResidual"]]) -> tuple[_Sent, tf.Tensor]:
         """The same for tensors one batched payload carries: (payload, sent, laid end
         to end)."""
         return feedback_flat_step(codec, xs, residuals, self.accumulate)
@@ -134,7 +151,7 @@ class ResidualFeedback:
 _FEEDBACK_CLASSES = {"ResidualFeedback": ResidualFeedback}
 
 
-def register_feedback(cls):
+def register_feedback(cls: type[_Rule]) -> type[_Rule]:
     """Makes a `ResidualFeedback` subclass loadable from an optimizer's config."""
     if not (isinstance(cls, type) and issubclass(cls, ResidualFeedback)):
         raise TypeError(f"register_feedback takes a ResidualFeedback subclass, got {cls!r}")
@@ -142,7 +159,8 @@ def register_feedback(cls):
     return cls
 
 
-def feedback_rule(spec):
+def feedback_rule(spec: Union[bool, None, ResidualFeedback, Mapping[str, Any]]
+                  ) -> Optional[ResidualFeedback]:
     """The `ResidualFeedback` that `spec` names (an optimizer's `error_feedback`: True,
     False or None, an instance, or its config as `serialize_feedback` gives it), or None
     for no error feedback."""
@@ -159,7 +177,7 @@ def feedback_rule(spec):
         f"a class registered with register_feedback); got {spec!r}")
 
 
-def serialize_feedback(rule):
+def serialize_feedback(rule: Optional[ResidualFeedback]) -> Union[bool, dict[str, Any]]:
     """`error_feedback` for an optimizer's config: a bool for the default rule or none."""
     if rule is None or rule == ResidualFeedback():
         return rule is not None
@@ -170,7 +188,9 @@ def _add(x, residual):
     return x + residual
 
 
-def feedback_step(codec, x, residual, accumulate=_add):
+def feedback_step(codec: base.Codec, x: tf.Tensor, residual: Union[tf.Variable, "StagedResidual"],
+                  accumulate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = _add
+                  ) -> tuple[base.Payload, tf.Tensor]:
     """Steps 1, 2, a, b with `residual` (a variable of x's shape); returns (payload, sent).
     `accumulate(x, residual value)` is step 1."""
     total = accumulate(x, residual.read_value())
@@ -179,14 +199,18 @@ def feedback_step(codec, x, residual, accumulate=_add):
     return payload, sent
 
 
-def feedback_batch_step(codec, xs, residuals):
+def feedback_batch_step(codec: base.Codec, xs: Sequence[tf.Tensor], residuals: Sequence[Union[tf.Variable, "StagedResidual"]]
+                        ) -> tuple[base.Payload, list[tf.Tensor]]:
     """`feedback_step` for a list of tensors encoded into one payload by a batched
     codec (`codec.batched`), each with its own residual; returns (payload, [sent])."""
     payload, sent = feedback_flat_step(codec, xs, residuals)
     return payload, base.split_flat(sent, [x.shape for x in xs])
 
 
-def feedback_flat_step(codec, xs, residuals, accumulate=_add):
+def feedback_flat_step(codec: _EncodesFlat[_Sent], xs: Sequence[tf.Tensor],
+                       residuals: Sequence[Union[tf.Variable, "StagedResidual"]],
+                       accumulate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = _add
+                       ) -> tuple[_Sent, tf.Tensor]:
     """`feedback_batch_step` with what was sent laid end to end: (payload, sent).
 
     The tensors are summed, encoded and kept as one vector (`encode_and_reconstruct_flat`),
@@ -231,21 +255,21 @@ class StagedResidual:
       value: the residual's current value (a tensor).
     """
 
-    def __init__(self, value):
+    def __init__(self, value: tf.Tensor) -> None:
         self.value = tf.convert_to_tensor(value)
 
     @property
-    def shape(self):
+    def shape(self) -> tf.TensorShape:
         return self.value.shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> tf.DType:
         return self.value.dtype
 
-    def read_value(self):
+    def read_value(self) -> tf.Tensor:
         return self.value
 
-    def assign(self, value):
+    def assign(self, value: tf.Tensor) -> None:
         self.value = tf.convert_to_tensor(value)
 
 

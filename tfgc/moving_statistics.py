@@ -25,20 +25,25 @@ marked (`tfgc._compat.replace_batch_norm_updates`); the replacements hand every 
 whose statistics are not marked back to tf_keras's own methods.
 """
 import sys
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from tfgc import _compat
-from tfgc.codecs.base import concat_flat, split_flat
+from tfgc.codecs.base import Codec, Payload, concat_flat, split_flat
 from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.distribute import is_parameter_server
 from tfgc.server_variables import NamedServerVariable
 from tfgc.wire import riders
 
+if TYPE_CHECKING:
+    import tf_keras
+
 _MARK = "tfgc_batch_norm_on_server"  # set on a NamedServerVariable to update it there
 
 
-def mark(variable, enabled=True, strategy=None):
+def mark(variable: tf.Variable, enabled: bool = True,
+         strategy: Optional[tf.distribute.Strategy] = None) -> bool:
     """Has `variable`'s moving-average updates computed on its server (`enabled`) or
     as Keras computes them. Only a `NamedServerVariable` (also in ParameterServer-
     Strategy's wrapper) can be updated there.
@@ -64,7 +69,7 @@ def mark(variable, enabled=True, strategy=None):
     return True
 
 
-def batch_norm_on_server(model, enabled=True):
+def batch_norm_on_server(model: "tf_keras.layers.Layer", enabled: bool = True) -> int:
     """Switches where a tf_keras model's batch-norm moving statistics are updated.
 
     With `enabled`, the moving mean and variance of every `BatchNormalization` layer in
@@ -100,7 +105,7 @@ def batch_norm_on_server(model, enabled=True):
     return switched
 
 
-def install():
+def install() -> None:
     """Routes tf_keras's `BatchNormalization` moving-statistics updates of marked named
     server variables through `update_on_server` (once per process; without tf_keras
     loaded, nothing: Keras 3 updates its own way)."""
@@ -156,7 +161,8 @@ def _fused_training_step(layer, inputs):
     return outputs
 
 
-def update_on_server(updates, momentum, inputs_size=None):
+def update_on_server(updates: Sequence[tuple[tf.Variable, tf.Tensor]], momentum: Union[float, tf.Tensor],
+                     inputs_size: Optional[tf.Tensor] = None) -> Union[tf.Tensor, tf.Variable]:
     """`v -= (v - value) * (1 - momentum)` for each `(v, value)` of `updates`, computed
     on each variable's server, and not at all where `inputs_size` (a batch size) is 0:
     tf_keras's moving-average update. Per server, the values ride in the step's push
@@ -172,7 +178,7 @@ def update_on_server(updates, momentum, inputs_size=None):
       The last update's result, as `assign_sub` returns it; the variable where the
       update rides (it is made later in the step, by the push).
     """
-    by_server = {}  # round-robin placement may put a layer's two statistics apart
+    by_server: dict[str, list[tuple[tf.Variable, tf.Tensor]]] = {}  # round-robin placement may put a layer's two statistics apart
     for variable, value in updates:
         device = _compat.unwrap_caching_variable(variable).device
         by_server.setdefault(device, []).append((variable, value))
@@ -201,23 +207,24 @@ class StatisticsUpdate(riders.Rider):
       rates: [decay, applies] in the variables' dtype.
     """
 
-    def __init__(self, device, pairs, rates):
+    def __init__(self, device: str, pairs: Sequence[tuple[tf.Variable, tf.Tensor]], rates: tf.Tensor) -> None:
         super().__init__(device)
         self.variables = [variable for variable, _ in pairs]
         dtype = self.variables[0].dtype.base_dtype
         self.values = concat_flat([tf.cast(value, dtype) for _, value in pairs])
         self.rates = rates
 
-    def payload(self, small_compression):
+    def payload(self, small_compression: Optional[Codec]) -> Payload:
         return {**_codec(small_compression).encode(self.values), "rates": self.rates}
 
-    def apply(self, payload, small_compression):
+    def apply(self, payload: dict[str, tf.Tensor], small_compression: Optional[Codec]
+              ) -> Union[tf.Tensor, tf.Variable]:
         payload = dict(payload)
         rates = payload.pop("rates")
         values = _codec(small_compression).decode(payload, expected_shape=self.values.shape)
         return self._assign(tf.cast(values, self.rates.dtype), rates)
 
-    def dense_nbytes(self):
+    def dense_nbytes(self) -> int:
         return self.values.shape.num_elements() * self.values.dtype.size
 
     # A run of updates v <- v - (v - x_k) * d_k (d_k: the decay where the batch was not
@@ -225,20 +232,20 @@ class StatisticsUpdate(riders.Rider):
     # and S <- 1 - (1 - d_k) * (1 - S), both from 0. The state is [A, S].
     folds = True
 
-    def state_size(self):
+    def state_size(self) -> int:
         return self.values.shape.num_elements() + 1
 
-    def fold(self, state):
+    def fold(self, state: tf.Tensor) -> tf.Tensor:
         decay, applies = tf.unstack(tf.cast(self.rates, tf.float32))
         decay = decay * tf.cast(applies > 0, tf.float32)
         moved, stepped = state[:-1], state[-1:]
         return tf.concat([(1.0 - decay) * moved + decay * tf.cast(self.values, tf.float32),
                           1.0 - (1.0 - decay) * (1.0 - stepped)], axis=0)
 
-    def folded(self, state):
+    def folded(self, state: tf.Tensor) -> "FoldedStatistics":
         return FoldedStatistics(self.device, self.variables, state)
 
-    def send_alone(self):
+    def send_alone(self) -> Union[tf.Tensor, tf.Variable]:
         # The values, decay and flag packed into one tensor: all that crosses.
         packed = tf.concat([self.values, self.rates], axis=0)
         with tf.name_scope("AssignMovingAvg"), tf.device(self.device):
@@ -269,15 +276,16 @@ class FoldedStatistics(riders.Rider):
       state: the folded state, float32.
     """
 
-    def __init__(self, device, variables, state):
+    def __init__(self, device: str, variables: Iterable[tf.Variable], state: tf.Tensor) -> None:
         super().__init__(device)
         self.variables = list(variables)
         self.moved, self.stepped = state[:-1], state[-1:]
 
-    def payload(self, small_compression):
+    def payload(self, small_compression: Optional[Codec]) -> Payload:
         return {**_codec(small_compression).encode(self.moved), "stepped": self.stepped}
 
-    def apply(self, payload, small_compression):
+    def apply(self, payload: dict[str, tf.Tensor], small_compression: Optional[Codec]
+              ) -> Union[tf.Tensor, tf.Variable]:
         payload = dict(payload)
         stepped = payload.pop("stepped")
         moved = _codec(small_compression).decode(payload, expected_shape=self.moved.shape)
@@ -288,10 +296,10 @@ class FoldedStatistics(riders.Rider):
             result = variable.assign(kept * variable + tf.cast(value, dtype))
         return result
 
-    def dense_nbytes(self):
+    def dense_nbytes(self) -> int:
         return sum(v.shape.num_elements() * v.dtype.size for v in self.variables)
 
-    def send_alone(self):
+    def send_alone(self) -> Union[tf.Tensor, tf.Variable]:
         raise NotImplementedError(
             "folded batch-norm statistics travel in a meeting's message only")
 

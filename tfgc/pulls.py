@@ -31,7 +31,7 @@ import json
 import threading
 import warnings
 import weakref
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -42,6 +42,11 @@ from tfgc.variables import buffers, creating_buffers, pulled
 from tfgc.wire import ParameterServerPull
 from tfgc.wire.encoder import (
     DEFAULT_SMALL_COMPRESSION, below_min_codec, compresses, small_codec, topology)
+
+if TYPE_CHECKING:
+    from tfgc.optimizer.base import CompressingBase
+    from tfgc.traffic import TrafficCounters
+    from tfgc.variables import PulledVariable
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
 # Per strategy, the DistributedOptimizers with pull_compression made under it, each with
@@ -67,7 +72,7 @@ class PullCodecs(NamedTuple):
     min_elements: int
     local_steps: int = 1
 
-    def codec_for(self, master):
+    def codec_for(self, master: tf.Variable) -> base.Codec:
         """The codec (bound to `master` where it is the main one) of `master`'s deltas."""
         if compresses(master, self.min_elements):
             codec = base.bind_to(self.compression, master, topology())
@@ -79,19 +84,19 @@ class PullCodecs(NamedTuple):
             return codec
         return below_min_codec(self.small_compression)
 
-    def key(self):
+    def key(self) -> str:
         """A string equal for equal settings."""
         return json.dumps([None if c is None else codecs_lib.serialize(c)
                            for c in (self.compression, self.small_compression)]
                           + [self.min_elements, self.local_steps], sort_keys=True, default=str)
 
 
-def default_pull_codecs(compression):
+def default_pull_codecs(compression: base.Codec) -> PullCodecs:
     """`compression` for the deltas, with tfgc's default small-tensor settings."""
     return PullCodecs(compression, small_codec(DEFAULT_SMALL_COMPRESSION), DEFAULT_MIN_ELEMENTS)
 
 
-def offer(optimizer):
+def offer(optimizer: "CompressingBase") -> None:
     """Lets the pulls that start under the current strategy without a codec of their own
     use `optimizer.pull_codecs()` (way 3 of the module docstring)."""
     offers = _offers.setdefault(tf.distribute.get_strategy(), weakref.WeakKeyDictionary())
@@ -110,20 +115,27 @@ class CompressedPulls:
         per-worker variable its pulls read and its optimizer advances); else None.
     """
 
-    def __init__(self, compression=None, min_elements=0, batch_norm_on_server=True):
+    def __init__(self, compression: Optional[base.Codec] = None, min_elements: int = 0,
+                 batch_norm_on_server: bool = True) -> None:
         if compression is not None and not isinstance(compression, base.Codec):
             raise TypeError("compressed_pulls(compression=...) takes a tfgc codec, got "
                             f"{type(compression).__name__}")
         self.compression = compression
         self.min_elements = int(min_elements)
         self.batch_norm_on_server = bool(batch_norm_on_server)
-        self.variables = []
-        self.codecs = None
-        self.local_step = None
+        self.variables: list["PulledVariable"] = []
+        self.codecs: Optional[PullCodecs] = None
+        self.local_step: Optional[tf.Variable] = None
         self._strategy = tf.distribute.get_strategy()
-        self._counters = None  # the TrafficCounters of the optimizer that applies them
-        self._pending = []  # [(graph, counted, happened)] traced before there were counters
-        self._pulls = weakref.WeakKeyDictionary()  # graph -> {group: its pull op}
+        # The TrafficCounters of the optimizer that applies them.
+        self._counters: Optional["TrafficCounters"] = None
+        # [(graph, counted, happened)] traced before there were counters
+        self._pending: list[tuple[tf.Graph, list[tuple[tf.Variable, tf.Tensor]],
+                                  Optional[tf.Tensor]]] = []
+        # graph -> {group: its pull op}
+        self._pulls: weakref.WeakKeyDictionary[
+            tf.Graph, dict[ParameterServerPull, Optional[tf.Operation]]
+        ] = weakref.WeakKeyDictionary()
         self._scope = None
         self._number = next(_made)
 
@@ -154,14 +166,14 @@ class CompressedPulls:
         scope, self._scope = self._scope, None
         return scope.__exit__(*exc_info)
 
-    def adopt(self, master, min_elements=None):
+    def adopt(self, master: tf.Variable, min_elements: Optional[int] = None) -> tf.Variable:
         """`master` as this owner makes it: a `PulledVariable` it owns where pulled
         (`min_elements` overrides the scope's)."""
         if min_elements is None:
             min_elements = self.min_elements
         return pulled(master, min_elements, self.batch_norm_on_server, owner=self)
 
-    def add(self, variable):
+    def add(self, variable: "PulledVariable") -> None:
         """Takes ownership of a new `PulledVariable` (called by the variable)."""
         if self.codecs is not None:
             raise RuntimeError(
@@ -171,11 +183,11 @@ class CompressedPulls:
 
     # --- starting -----------------------------------------------------------------------
 
-    def start(self, pull_codecs):
+    def start(self, pull_codecs: PullCodecs) -> None:
         """Starts the pulls with `pull_codecs`: one group per parameter server (and dtype:
         a group's snapshots are one buffer)."""
         self.codecs = pull_codecs
-        groups = {}
+        groups: dict[tuple[str, tf.DType], list["PulledVariable"]] = {}
         for variable in self.variables:
             groups.setdefault((variable.master.device, variable.master.dtype),
                               []).append(variable)
@@ -190,7 +202,7 @@ class CompressedPulls:
                 for variable, codec in zip(members, member_codecs):
                     variable.enable_compressed_pulls(codec, group)
 
-    def start_at_first_read(self):
+    def start_at_first_read(self) -> bool:
         """Starts the pulls at the first traced read when their codec is known (ways 1
         and 3 of the module docstring); returns whether they run. Reads while the scope
         is open (Keras traces a model as it makes it) go to the masters."""
@@ -223,7 +235,7 @@ class CompressedPulls:
                 "there is a strategy) before training")
         return next(iter(offered.values()), None)
 
-    def attach(self, optimizer):
+    def attach(self, optimizer: "CompressingBase") -> bool:
         """Called by the optimizer built with (some of) these variables: starts the pulls
         with its settings if nothing started them, and has it count them.
 
@@ -243,7 +255,9 @@ class CompressedPulls:
                     "model.trainable_variables)` (inside strategy.scope() if there is a "
                     "strategy) before training, or pass the codec to the scope "
                     "(`tfgc.compressed_pulls(compression=...)`)")
-            self.start(own if self.compression is None else default_pull_codecs(self.compression))
+            # `own` is None only with a compression of the scope's (returned above otherwise).
+            self.start(own if self.compression is None  # type: ignore[arg-type, unused-ignore]
+                       else default_pull_codecs(self.compression))
         elif own is not None and self.compression is None and own.key() != self.codecs.key():
             raise ValueError(
                 f"{type(optimizer).__name__} pulls with {own.compression.name} but this "
@@ -255,7 +269,7 @@ class CompressedPulls:
 
     # --- a step's pull ------------------------------------------------------------------
 
-    def pull_in(self, graph, group):
+    def pull_in(self, graph: tf.Graph, group: ParameterServerPull) -> Optional[tf.Operation]:
         """The op that pulls `group` in `graph`, added (and its bytes counted) on first use."""
         pulls = self._pulls.setdefault(graph, {})
         if group not in pulls:
@@ -271,7 +285,7 @@ class CompressedPulls:
         else:
             self._counters.record("pull", counted, happened)
 
-    def count_pending(self):
+    def count_pending(self) -> None:
         """Counts the pulls of the current graph traced before the counters existed (the
         optimizer calls it from the step that built it)."""
         if self._counters is None:

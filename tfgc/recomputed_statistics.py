@@ -10,9 +10,13 @@ batches with the final weights, each batch norm's statistics set to the mean of 
 batches' statistics.
 """
 import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
-def recompute_statistics(model, data, batches=10):
+def recompute_statistics(model: Any, data: "tf.data.Dataset", batches: int = 10) -> int:
     """Sets the moving mean and variance of every batch norm of `model` to the mean of
     its batch statistics over the first `batches` batches of `data`, computed with the
     model's current weights.

@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import uuid
 import weakref
+from typing import Iterator, Optional
 
 import tensorflow as tf
 
@@ -38,11 +39,11 @@ _TOKEN = uuid.uuid4().hex[:12]
 _SERIAL = itertools.count()
 
 
-def by_name(variable):
+def by_name(variable: tf.Variable) -> tf.Variable:
     """`variable` as a `NamedServerVariable` if it is a plain variable on a parameter
     server (or in ParameterServerStrategy's `CachingVariable` wrapper, which then
     wraps the named one); any other variable as it is."""
-    if isinstance(variable, _compat.CachingVariable):
+    if isinstance(variable, _compat.CachingVariable):  # type: ignore[arg-type]  # a class the fence resolves at import
         wrapped = _compat.caching_variable_inner(variable)
         inner = by_name(wrapped)
         return variable if inner is wrapped else _NamedCachingVariable(inner)
@@ -71,7 +72,8 @@ class NamedServerVariable(_compat.ResourceVariable):  # type: ignore[misc,valid-
         default: a name of its own.
     """
 
-    def __init__(self, variable, resource_name=None):  # pylint: disable=super-init-not-called
+    def __init__(self, variable: tf.Variable,  # pylint: disable=super-init-not-called
+                 resource_name: Optional[str] = None) -> None:
         name = variable.name.split(":")[0]
         self._resource_name = resource_name or _unique_resource_name(name)
         device = variable.device
@@ -93,7 +95,7 @@ class NamedServerVariable(_compat.ResourceVariable):  # type: ignore[misc,valid-
                                             device=device)
 
     @property
-    def handle(self):
+    def handle(self) -> tf.Tensor:
         graph = tf.compat.v1.get_default_graph()
         if (tf.executing_eagerly() or not _compat.is_function_graph(graph)
                 or _compat.in_save_context()):
@@ -101,12 +103,12 @@ class NamedServerVariable(_compat.ResourceVariable):  # type: ignore[misc,valid-
         return self._graph_handles(graph)
 
     @property
-    def device(self):
+    def device(self) -> str:
         # The server's, also inside a cond or loop body (where `handle` is a capture).
         return _compat.resource_handle(self).device
 
 
-def per_worker_by_name(variable):
+def per_worker_by_name(variable: tf.Variable) -> tf.Variable:
     """`variable`, a per-worker variable of ParameterServerStrategy, with each worker's
     copy a named resource that a traced function looks up on the worker running it:
     TensorFlow would pass the worker's handle with every call instead (~90 bytes per
@@ -210,7 +212,7 @@ class _Deleter:
 
 
 @contextlib.contextmanager
-def created_by_name():
+def created_by_name() -> Iterator[None]:
     """Plain parameter-server variables created inside are `NamedServerVariable`s
     (where `by_name` names variables at all)."""
 

@@ -10,7 +10,7 @@ later and for the batch-norm statistics a push carries). A step adds to each dir
 once.
 """
 import contextlib
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -38,7 +38,7 @@ class Sent(NamedTuple):
 ROWS = ("bytes", "dense_bytes", "plain_bytes")
 
 
-def counter_variables(num_variables):
+def counter_variables(num_variables: int) -> dict[str, tf.Variable]:
     """{direction: a zero counter} for `num_variables` variables, made where every
     replica or worker adds to it (see `tfgc.distribute.local_variable`)."""
     return {d: local_variable(tf.zeros([len(ROWS), num_variables + 1], tf.int64), f"{d}_traffic",
@@ -56,12 +56,14 @@ class TrafficCounters:
       position: a function giving a variable's position in its optimizer.
     """
 
-    def __init__(self, counters, names, position):
+    def __init__(self, counters: Mapping[str, tf.Variable], names: Iterable[str],
+                 position: Callable[[tf.Variable], int]) -> None:
         self._counters = counters
         self.names = list(names) + ["(variables built later; batch-norm statistics)"]
         self._position = position
 
-    def record(self, direction, sent, happened=None):
+    def record(self, direction: str, sent: Sequence[Any],
+               happened: Optional[tf.Tensor] = None) -> Optional[tf.Tensor]:
         """Adds one step's sends (`Sent`s, or (variable, payload bytes) pairs) to the
         `direction` counter; returns the update (None for nothing sent).
 
@@ -69,7 +71,7 @@ class TrafficCounters:
         after all (a pull a worker skips in its local steps): its dense and plain bytes
         then count 0, as its payload bytes do."""
         if not sent:
-            return
+            return None
         sent = [Sent(*entry) for entry in sent]
         other = len(self.names) - 1
         columns = [other if isinstance(s.variable, NotAVariable)
@@ -96,7 +98,7 @@ class TrafficCounters:
                 [tf.stack([tf.cast(s.nbytes, tf.int64) for s in sent]), dense, plain], 0)
             return counter.assign_add(tf.scatter_nd(indices, updates, counter.shape))
 
-    def totals(self):
+    def totals(self) -> dict[str, tf.Tensor]:
         """Cumulative `<direction>_bytes` (on the wire), `<direction>_dense_bytes` (the
         dense tensors) and `<direction>_plain_bytes` (what plain TensorFlow sends) for
         "push" and "pull", as scalar tensors."""
@@ -107,7 +109,7 @@ class TrafficCounters:
                 totals[f"{direction}_{kind}"] = sums[row]
         return totals
 
-    def by_variable(self):
+    def by_variable(self) -> dict[str, dict[str, int]]:
         """{variable name: {"push_bytes", "push_dense_bytes", "push_plain_bytes", and the
         same for "pull"}} as Python ints, for the variables that were sent (eager)."""
         counts = {d: tf.convert_to_tensor(c).numpy() for d, c in self._counters.items()}

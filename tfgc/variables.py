@@ -36,6 +36,7 @@ as usual.
 import contextlib
 import threading
 import weakref
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
 
 import tensorflow as tf
 
@@ -43,16 +44,22 @@ from tfgc import _compat, moving_statistics, server_variables
 from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable, zeros_of
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tfgc.pulls import CompressedPulls
+    from tfgc.wire.pull import ParameterServerPull
+
 _state = threading.local()  # set while tfgc creates variables that are no model's
 
 
-def creating_buffers():
+def creating_buffers() -> bool:
     """Whether tfgc is creating its own buffers (no scope turns them into pulled ones)."""
     return getattr(_state, "creating_buffers", False)
 
 
 @contextlib.contextmanager
-def buffers():
+def buffers() -> Iterator[None]:
     """A scope in which the variables made are tfgc's own, left as they are."""
     previous = creating_buffers()
     _state.creating_buffers = True
@@ -62,11 +69,12 @@ def buffers():
         _state.creating_buffers = previous
 
 
-def pulled(master, min_elements, batch_norm_on_server, owner):
+def pulled(master: tf.Variable, min_elements: int, batch_norm_on_server: bool,
+           owner: "CompressedPulls") -> tf.Variable:
     """`master` as a model variable of a `compressed_pulls` scope: a `PulledVariable`
     owned by `owner` (a tfgc.pulls.CompressedPulls) where it is pulled, else itself."""
     strategy = tf.distribute.get_strategy()
-    if isinstance(master, _compat.ShardedVariable):
+    if isinstance(master, _compat.ShardedVariable):  # type: ignore[arg-type]  # a class the fence resolves at import
         # A `variable_partitioner` split it over parameter servers: each shard is
         # pulled like a variable of its own, by the group of its server.
         shards = [pulled(shard, min_elements, batch_norm_on_server, owner)
@@ -106,7 +114,8 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
       synced: per worker, whether its cache has had its first full pull.
     """
 
-    def __init__(self, master, owner):  # pylint: disable=super-init-not-called
+    def __init__(self, master: tf.Variable,  # pylint: disable=super-init-not-called
+                 owner: "CompressedPulls") -> None:
         # Like TF's own variable wrappers, this one holds no resource of its own.
         self._master = master
         per_worker = is_parameter_server(tf.distribute.get_strategy())
@@ -114,37 +123,39 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
         with buffers():
             self.cache = local_variable(zeros_of(master.shape, master.dtype),
                                         f"{base_name}/pull_cache", per_worker)
-        self._codec = None
-        self._group = None  # the tfgc.wire.ParameterServerPull that pulls this variable
+        self._codec: Optional[base.Codec] = None
+        self._group: Optional["ParameterServerPull"] = None  # the tfgc.wire.ParameterServerPull that pulls this variable
         self._owner = owner
         owner.add(self)
-        self._pulled = weakref.WeakKeyDictionary()  # graph -> (cache handle, pull op)
+        # graph -> (cache handle, pull op)
+        self._pulled: "weakref.WeakKeyDictionary[tf.Graph, tuple[tf.Tensor, Optional[tf.Operation]]]" = (
+            weakref.WeakKeyDictionary())
 
     @property
-    def master(self):
+    def master(self) -> tf.Variable:
         return self._master
 
     @property
-    def owner(self):
+    def owner(self) -> "CompressedPulls":
         """The tfgc.pulls.CompressedPulls that starts and counts this variable's pulls."""
         return self._owner
 
     @property
-    def pull_codec(self):
+    def pull_codec(self) -> Optional[base.Codec]:
         return self._codec
 
     @property
-    def snapshots(self):
+    def snapshots(self) -> Optional[tf.Tensor]:
         """[workers, *shape]: what each worker's cache holds, read from the server."""
         return None if self._group is None else self._group.snapshots_of(self)
 
     @property
-    def synced(self):
+    def synced(self) -> Optional[tf.Variable]:
         """Per worker, whether its cache has had its first full pull (shared by the
         variables pulled together); None until compressed pulls are enabled."""
         return None if self._group is None else self._group.synced
 
-    def enable_compressed_pulls(self, codec, group):
+    def enable_compressed_pulls(self, codec: base.Codec, group: "ParameterServerPull") -> None:
         """Makes reads in replica functions pull through `codec` (done by its owner).
 
         Args:
@@ -184,7 +195,7 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
         return self._pulled[graph]
 
     @property
-    def handle(self):
+    def handle(self) -> tf.Tensor:
         if self._reads_cache():
             return self._cache_state()[0]
         return self._master.handle
@@ -198,10 +209,10 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
         with tf.control_dependencies([pull] if pull is not None else []):
             return tf.raw_ops.ReadVariableOp(resource=handle, dtype=self.dtype)
 
-    def value(self):
+    def value(self) -> tf.Tensor:
         return self._read_variable_op()
 
-    def read_value(self):
+    def read_value(self) -> tf.Tensor:
         return tf.identity(self._read_variable_op())
 
     def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
@@ -220,70 +231,76 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
             raise AttributeError(name)
         return getattr(self._master, name)
 
-    def assign(self, value, use_locking=None, name=None, read_value=True):
+    def assign(self, value: tf.Tensor, use_locking: Optional[bool] = None,
+               name: Optional[str] = None, read_value: bool = True
+               ) -> Optional[Union[tf.Variable, tf.Operation]]:
         return self._master.assign(value, use_locking, name, read_value)
 
-    def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+    def assign_add(self, delta: tf.Tensor, use_locking: Optional[bool] = None,
+                   name: Optional[str] = None, read_value: bool = True
+                   ) -> Optional[Union[tf.Variable, tf.Operation]]:
         return self._master.assign_add(delta, use_locking, name, read_value)
 
-    def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+    def assign_sub(self, delta: tf.Tensor, use_locking: Optional[bool] = None,
+                   name: Optional[str] = None, read_value: bool = True
+                   ) -> Optional[Union[tf.Variable, tf.Operation]]:
         return self._master.assign_sub(delta, use_locking, name, read_value)
 
-    def sparse_read(self, indices, name=None):
+    def sparse_read(self, indices: tf.Tensor, name: Optional[str] = None) -> tf.Tensor:
         return tf.gather(self.value(), indices, name=name)
 
-    def numpy(self):
+    def numpy(self) -> "np.ndarray":
         return self._master.numpy()
 
     @property
-    def initializer(self):
+    def initializer(self) -> tf.Operation:
         return self._master.initializer
 
     @property
-    def initial_value(self):
+    def initial_value(self) -> tf.Tensor:
         return self._master.initial_value
 
     @property
-    def op(self):
+    def op(self) -> tf.Operation:
         return self._master.op
 
     @property
-    def graph(self):
+    def graph(self) -> tf.Graph:
         return self._master.graph
 
     @property
-    def device(self):
+    def device(self) -> str:
         return self._master.device
 
     @property
-    def shape(self):
+    def shape(self) -> tf.TensorShape:
         return self._master.shape
 
-    def get_shape(self):
+    def get_shape(self) -> tf.TensorShape:
         return self._master.shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> tf.DType:
         return self._master.dtype
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._master.name
 
     @property
-    def trainable(self):
+    def trainable(self) -> bool:
         return self._master.trainable
 
     @property
-    def synchronization(self):
+    def synchronization(self) -> tf.VariableSynchronization:
         return self._master.synchronization
 
     @property
-    def aggregation(self):
+    def aggregation(self) -> tf.VariableAggregation:
         return self._master.aggregation
 
     @property
-    def constraint(self):
+    def constraint(self) -> Optional[Callable[[tf.Tensor], tf.Tensor]]:
         return self._master.constraint
 
     def _should_act_as_resource_variable(self):

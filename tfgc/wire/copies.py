@@ -7,13 +7,14 @@ task that holds the copy, then sends the gradient's rows alone and decodes them 
 the copy (`tfgc.codecs.base.SendsValuesAlone`): the indices cross once per step, not twice.
 """
 import weakref
+from typing import Optional
 
 import tensorflow as tf
 
 _copies: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()  # graph -> {tensor's ref: its copy}
 
 
-def note_copy(tensor, copy):
+def note_copy(tensor: tf.Tensor, copy: tf.Tensor) -> None:
     """Records that `copy` (computed on another device) holds `tensor`'s values.
 
     Only traced tensors are recorded (an eager step has no wire to spare a send).
@@ -23,7 +24,7 @@ def note_copy(tensor, copy):
         _copies.setdefault(graph, {})[tensor.ref()] = copy
 
 
-def copy_on(tensor, device):
+def copy_on(tensor: tf.Tensor, device: str) -> Optional[tf.Tensor]:
     """`tensor`'s recorded copy if it was computed on `device`'s task, else None."""
     graph = getattr(tensor, "graph", None)
     copy = _copies.get(graph, {}).get(tensor.ref()) if graph is not None else None

@@ -22,12 +22,14 @@ holds.
 """
 import dataclasses
 import re
-from typing import Optional
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 import tensorflow as tf
 
 _LENGTH_BYTES = 4  # one int32 per variable-length entry
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +51,14 @@ class Entry:
     constant: Optional[np.ndarray] = None
 
     @property
-    def sent(self):
+    def sent(self) -> bool:
         return self.constant is None
 
     @property
-    def fixed_nbytes(self):
+    def fixed_nbytes(self) -> int:
         """Bytes of a fixed-shape sent entry."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size
+        # Asked of fixed-shape entries only, whose shape is set.
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size  # type: ignore[arg-type]
 
 
 def _entry(payload_index, key, tensor):
@@ -79,7 +82,7 @@ def _entry(payload_index, key, tensor):
     return Entry(payload_index, key, tensor.dtype)
 
 
-def to_bytes(tensor):
+def to_bytes(tensor: tf.Tensor) -> tf.Tensor:
     """`tensor`'s bytes as a 1-D uint8 tensor (bool as one byte per element)."""
     flat = tf.reshape(tensor, [-1])
     if tensor.dtype == tf.bool:
@@ -89,7 +92,7 @@ def to_bytes(tensor):
     return tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
 
 
-def from_bytes(data, dtype):
+def from_bytes(data: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """Inverse of `to_bytes`: 1-D uint8 `data` as a 1-D tensor of `dtype`."""
     if dtype == tf.bool:
         return data > 0
@@ -107,7 +110,7 @@ class Layout:
     receiving side (under the receiver's `tf.device`) returns the payloads.
     """
 
-    def __init__(self, entries, num_payloads):
+    def __init__(self, entries: Iterable[Entry], num_payloads: int) -> None:
         self.entries = tuple(entries)
         self.num_payloads = int(num_payloads)
         self._variable = [e for e in self.entries if e.sent and e.shape is None]
@@ -116,7 +119,7 @@ class Layout:
             e.fixed_nbytes for e in self.entries if e.sent and e.shape is not None)
 
     @classmethod
-    def pack(cls, payloads):
+    def pack(cls, payloads: Sequence[Mapping[str, tf.Tensor]]) -> tuple["Layout", tf.Tensor]:
         """Returns (layout, message) for a list of payloads (flat dicts of tensors).
 
         The message is one 1-D uint8 tensor; entries are in payload order, each
@@ -143,7 +146,7 @@ class Layout:
             return tf.zeros([0], tf.int64)
         return tf.cast(from_bytes(header, tf.uint32), tf.int64)
 
-    def payload_nbytes(self, payloads):
+    def payload_nbytes(self, payloads: Sequence[Mapping[str, tf.Tensor]]) -> list[tf.Tensor]:
         """Bytes of the message that each payload accounts for (its sent entries and
         their length words), as int64 scalars; they add up to the message's size."""
         totals = [tf.constant(0, tf.int64) for _ in range(self.num_payloads)]
@@ -158,7 +161,8 @@ class Layout:
             totals[entry.payload] += size
         return totals
 
-    def unpack(self, message, name="fused message"):
+    def unpack(self, message: tf.Tensor, name: str = "fused message"
+               ) -> list[dict[str, tf.Tensor]]:
         """The payloads of `message`, checked against this layout, unpacked where the
         caller places it (the device that received the message).
 
@@ -185,7 +189,7 @@ class Layout:
                             shape=[len(self._variable)])
         declared = self.header_nbytes + self.fixed_nbytes + tf.reduce_sum(lengths * sizes)
         message = checked_size(message, declared, name, "its size does not match its layout")
-        payloads = [{} for _ in range(self.num_payloads)]
+        payloads: list[dict[str, tf.Tensor]] = [{} for _ in range(self.num_payloads)]
         offset = tf.constant(self.header_nbytes, tf.int64)
         variable_index = 0
         for entry in self.entries:
@@ -207,7 +211,7 @@ class Layout:
         return payloads
 
 
-def fused_nbytes(encode, *tensors):
+def fused_nbytes(encode: Callable[..., Mapping[str, tf.Tensor]], *tensors: tf.Tensor) -> int:
     """Bytes that the payload `encode(*tensors)` takes in a traced step's fused message
     (static entries left out, length words counted), as a Python int.
 
@@ -224,10 +228,12 @@ def fused_nbytes(encode, *tensors):
     return int(tf.function(count, input_signature=signature, autograph=False)(*tensors))
 
 
-def payload_units(keys):
+def payload_units(keys: Iterable[Optional[Hashable]]) -> list[list[int]]:
     """Groups positions into the payloads they travel in: positions with one batch key
     (a batched codec's tensors) share a payload, a None key travels alone. Returns
     lists of positions, in the order of their first position."""
+    units: list[list[int]]
+    batches: dict[Hashable, list[int]]
     units, batches = [], {}
     for position, key in enumerate(keys):
         if key is None:
@@ -240,24 +246,25 @@ def payload_units(keys):
     return units
 
 
-def spread(units, per_unit):
+def spread(units: Sequence[Sequence[int]], per_unit: Iterable[Iterable[_T]]) -> list[_T]:
     """Lists of values per unit (as `payload_units` groups positions) -> one value per
     position."""
-    values = [None] * sum(len(unit) for unit in units)
+    values: list[Any] = [None] * sum(len(unit) for unit in units)
     for unit, unit_values in zip(units, per_unit):
         for position, value in zip(unit, unit_values):
             values[position] = value
     return values
 
 
-def shares_by_position(units, totals, sizes):
+def shares_by_position(units: Sequence[Sequence[int]], totals: Sequence[tf.Tensor],
+                       sizes: Sequence[int]) -> list[tf.Tensor]:
     """Each position's share of its unit's payload bytes (`totals`, one per unit), in
     proportion to the positions' `sizes`."""
     return spread(units, [split_bytes(total, [sizes[i] for i in unit])
                           for unit, total in zip(units, totals)])
 
 
-def split_bytes(total, sizes):
+def split_bytes(total: tf.Tensor, sizes: Sequence[int]) -> list[tf.Tensor]:
     """`total` bytes (an int64 scalar tensor) of one payload split over the tensors it
     holds, in proportion to their `sizes` (elements), adding up to `total` exactly."""
     if len(sizes) == 1 or not sum(sizes):
@@ -269,7 +276,8 @@ def split_bytes(total, sizes):
     return tf.unstack(upto[1:] - upto[:-1], num=len(sizes))
 
 
-def checked_size(vector, size, message_name, check):
+def checked_size(vector: tf.Tensor, size: tf.Tensor, message_name: str, check: str
+                 ) -> tf.Tensor:
     """`vector` once it is found to have `size` elements (an int64 scalar), else an
     InvalidArgumentError naming the message and the `check`: from an op named after
     them in a traced function (stateless, and kept by TensorFlow's graph optimizer,
@@ -291,6 +299,6 @@ def checked_size(vector, size, message_name, check):
         return tf.concat([within, empty], axis=0)
 
 
-def check_op_name(message_name, check):
+def check_op_name(message_name: str, check: str) -> str:
     """An op name that says which check of which message failed."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{message_name}: {check}").lstrip("_.-")

@@ -32,6 +32,8 @@ so each payload's are contiguous): the subtraction, the snapshot update, the ful
 section and the cache update are one op each for the group, not one per variable.
 That keeps the traced step small, which is most of what a first step costs.
 """
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
+
 import tensorflow as tf
 
 from tfgc.codecs import base
@@ -40,6 +42,11 @@ from tfgc.distribute import (
     colocated_with, local_variable, num_workers, worker_index)
 from tfgc.wire.message import (
     Layout, checked_size, from_bytes, payload_units, shares_by_position, to_bytes)
+
+if TYPE_CHECKING:
+    from tfgc.variables import PulledVariable
+
+_T = TypeVar("_T")
 
 
 class ParameterServerPull:
@@ -58,7 +65,8 @@ class ParameterServerPull:
         one more resource, not one per variable (each costs bytes on every call).
     """
 
-    def __init__(self, variables, codecs, every=1, local_step=None):
+    def __init__(self, variables: Sequence["PulledVariable"], codecs: Sequence[base.Codec],
+                 every: int = 1, local_step: Optional[tf.Variable] = None) -> None:
         if every > 1 and local_step is None:
             raise ValueError("a pull group of local steps needs the workers' step counts")
         self.every = int(every)
@@ -90,14 +98,15 @@ class ParameterServerPull:
                             else self.dtype)
         self._full_nbytes = sum(self._sizes) * self._full_dtype.size
 
-    def snapshots_of(self, variable):
+    def snapshots_of(self, variable: "PulledVariable") -> tf.Tensor:
         """`variable`'s rows of the snapshot buffer, [workers, *shape]."""
         i = next(i for i, member in enumerate(self.variables) if member is variable)
         start, end = self._offsets[i], self._offsets[i] + self._sizes[i]
         rows = tf.convert_to_tensor(self.snapshots)[:, start:end]
         return tf.reshape(rows, [-1] + variable.master.shape.as_list())
 
-    def pull(self, caches):
+    def pull(self, caches: Sequence[tf.Tensor]
+             ) -> tuple[tf.Operation, list[tuple[tf.Variable, tf.Tensor]], Optional[tf.Tensor]]:
         """Adds one step's pull to the current graph.
 
         Args:
@@ -126,7 +135,9 @@ class ParameterServerPull:
             news = self._received(message, layout, synced, currents)
             asked = None
         else:
-            step = tf.raw_ops.ReadVariableOp(resource=self._local_step.handle, dtype=tf.int64)
+            # Set where `every` > 1 (__init__ checks it).
+            step = tf.raw_ops.ReadVariableOp(resource=self._local_step.handle,  # type: ignore[union-attr]
+                                             dtype=tf.int64)
             pulling = tf.logical_or(tf.logical_not(synced), step % self.every == 0)
             state = tf.where(pulling, state, -1)
             with tf.device(self.device):
@@ -238,7 +249,7 @@ class ParameterServerPull:
         return [self.variables[i].master.shape for i in unit]
 
 
-def on_device(device, branch):
+def on_device(device: str, branch: Callable[[], _T]) -> Callable[[], _T]:
     """`branch` with its ops placed on `device`: a `tf.cond` branch's ops do not inherit
     the device scope the cond is made in."""
 

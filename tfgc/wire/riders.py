@@ -25,8 +25,12 @@ the worker: a round of them folds into one state (`fold`) that makes them all at
 import abc
 import contextlib
 import threading
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from tfgc.codecs.base import Codec, Payload
 
 _COLLECTING = "_tfgc_collects_riders"  # set on the `run` a strategy got from us
 
@@ -38,11 +42,11 @@ class Rider(abc.ABC):
       device: the server's device (where `apply` runs).
     """
 
-    def __init__(self, device):
+    def __init__(self, device: str) -> None:
         self.device = _canonical(device)
 
     @abc.abstractmethod
-    def payload(self, small_compression):
+    def payload(self, small_compression: Optional["Codec"]) -> "Payload":
         """What the update sends (a flat dict of tensors), made on the worker.
 
         Args:
@@ -51,30 +55,31 @@ class Rider(abc.ABC):
         """
 
     @abc.abstractmethod
-    def apply(self, payload, small_compression):
+    def apply(self, payload: dict[str, tf.Tensor], small_compression: Optional["Codec"]
+              ) -> Union[tf.Tensor, tf.Variable]:
         """Makes the update from the `payload` that arrived; runs on the server."""
 
     @abc.abstractmethod
-    def dense_nbytes(self):
+    def dense_nbytes(self) -> int:
         """Bytes of the values it replaces as Keras sends them (for the counters)."""
 
     @abc.abstractmethod
-    def send_alone(self):
+    def send_alone(self) -> Union[tf.Tensor, tf.Variable]:
         """Makes the update with a transfer of its own (no push carried it)."""
 
     #: Whether a run of this rider's updates composes into one (`fold`, `folded`).
     folds = False
 
-    def state_size(self):
+    def state_size(self) -> int:
         """Elements of the float32 state a run of these updates folds into."""
         raise NotImplementedError(f"{type(self).__name__} does not fold")
 
-    def fold(self, state):
+    def fold(self, state: tf.Tensor) -> tf.Tensor:
         """The state after this update, from `state`, the one of the updates before it
         (zeros: none yet); made on the worker."""
         raise NotImplementedError(f"{type(self).__name__} does not fold")
 
-    def folded(self, state):
+    def folded(self, state: tf.Tensor) -> "Rider":
         """A rider that makes the updates folded into `state` at once."""
         raise NotImplementedError(f"{type(self).__name__} does not fold")
 
@@ -100,7 +105,7 @@ def _current_step():
 
 
 @contextlib.contextmanager
-def collecting():
+def collecting() -> Iterator[None]:
     """Collects the riders of the code inside (one replica step); when it ends without
     an error, sends alone those that no push took."""
     graph, step = tf.compat.v1.get_default_graph(), _Step()
@@ -117,7 +122,7 @@ def collecting():
         rider.send_alone()
 
 
-def ride(rider):
+def ride(rider: Rider) -> bool:
     """Leaves `rider` for the step's push to its server, if the current step collects
     riders. Returns False when it does not: the caller then makes the update itself."""
     step = _current_step()
@@ -128,7 +133,7 @@ def ride(rider):
     return True
 
 
-def take(device, folding=None):
+def take(device: str, folding: Optional[bool] = None) -> list[Rider]:
     """The riders waiting for a push to `device` in the current step (removed: the push
     carries them); none outside a collecting step.
 
@@ -150,7 +155,7 @@ def take(device, folding=None):
     return riders
 
 
-def collect_in_steps(strategy):
+def collect_in_steps(strategy: tf.distribute.Strategy) -> None:
     """Has every replica step `strategy.run` traces collect riders (`collecting`).
 
     Replaces the `run` of this strategy object (not of its class) with one that calls

@@ -16,7 +16,7 @@ what it sent; the optimizer counts it.
 import abc
 import contextlib
 import hashlib
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -28,6 +28,13 @@ from tfgc.wire import riders
 from tfgc.wire.copies import copy_on
 from tfgc.wire.message import Layout, payload_units, shares_by_position, spread
 
+if TYPE_CHECKING:
+    from tfgc.wire.encoder import Encoder
+
+# A step's (gradient, variable) pair, and what a wire says it sent of one (see `Wire.send`).
+_Pair = tuple[Optional[Union[tf.Tensor, tf.IndexedSlices]], tf.Variable]
+_Counted = Union[Sent, tuple[NotAVariable, tf.Tensor]]
+
 
 class Wire(abc.ABC):
     """Sends one step's gradients; see the module doc.
@@ -36,11 +43,11 @@ class Wire(abc.ABC):
       encoder: the `tfgc.wire.encoder.Encoder` of the optimizer whose gradients are sent.
     """
 
-    def __init__(self, encoder):
+    def __init__(self, encoder: "Encoder") -> None:
         self.encoder = encoder
 
     @abc.abstractmethod
-    def send(self, grads_and_vars):
+    def send(self, grads_and_vars: Sequence[_Pair]) -> tuple[list[_Pair], list[_Counted]]:
         """Returns ([(gradient as received, variable)], [(variable, payload bytes)])
         for one step's (gradient, variable) pairs; None gradients pass through."""
 
@@ -209,7 +216,7 @@ class ParameterServerPush(_FusedWire):
     def _destination(self, variable):
         return variable.device
 
-    def send_riders(self, destination):
+    def send_riders(self, destination: str) -> list[_Counted]:
         """Sends the step's riders for `destination` in one message of their own (a
         step that pushes nothing there: local steps between meetings) rather than one
         transfer each; returns what was sent, as `send` does."""
@@ -243,19 +250,21 @@ class AllReduceWire(Wire):
       bucket_bytes: about how many bytes one collective carries.
     """
 
-    def __init__(self, encoder, bucket_bytes=DEFAULT_BUCKET_BYTES):
+    def __init__(self, encoder: "Encoder", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         super().__init__(encoder)
         self.bucket_bytes = int(bucket_bytes)
         self.settings = encoder.settings
         self._fingerprint = _fingerprint(self.settings)
 
-    def send(self, grads_and_vars):
+    def send(self, grads_and_vars: Sequence[_Pair]) -> tuple[list[_Pair], list[_Counted]]:
         context = tf.distribute.get_replica_context()
         received = [gradient for gradient, _ in grads_and_vars]
         nbytes, plain = {}, {}
         fingerprint = {"values": tf.constant(self._fingerprint, tf.float32)}
+        summed: list[tuple[Any, base.Payload]]  # the position: None for the fingerprint
+        gathered: list[tuple[int, base.Payload]]
         summed, gathered = [(None, fingerprint)], []  # (position, payload)
-        together = {}  # reduce group key: positions summed by one all_reduce_group
+        together: dict[tuple[type[base.Codec], tf.DType, bool], list[int]] = {}  # reduce group key: positions summed by one all_reduce_group
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is None:
                 continue
@@ -397,14 +406,15 @@ def _fingerprint(settings):
     return [int.from_bytes(digest[i:i + 2], "little") % 4096 / 4096 for i in (0, 2)]
 
 
-def sends_locally(strategy, aggregate):
+def sends_locally(strategy: tf.distribute.Strategy, aggregate: bool) -> bool:
     """Whether `choose_wire` takes the local wire under `strategy`: no parameter servers,
     and one replica or nothing to aggregate."""
     return not is_parameter_server(strategy) and not (
         strategy.num_replicas_in_sync > 1 and aggregate)
 
 
-def choose_wire(encoder, strategy, aggregate, bucket_bytes=DEFAULT_BUCKET_BYTES):
+def choose_wire(encoder: "Encoder", strategy: tf.distribute.Strategy, aggregate: bool,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Wire:
     """The wire for `strategy`, sending what `encoder` encodes: PS push, all-reduce
     (when gradients are to be aggregated across replicas, in buckets of about
     `bucket_bytes`) or local."""
