@@ -170,6 +170,30 @@ def test_a_lossy_link_drops_its_share_of_frames():
     assert sent >= 2000 and abs(ours["lost"] / sent - 0.2) < 5 * (0.16 / sent) ** 0.5, ours
 
 
+@pytest.mark.cluster
+@needs_emulation
+def test_the_links_outlive_the_servers_until_their_closes_have_crossed():
+    # A connection whose close the teardown dropped would stay open in this process:
+    # a later use of it (a collected resource's destroy) waits for TCP to give up.
+    import socket
+
+    from tfgc.cluster.sockets import parse_address, ss_listing
+
+    c = cluster.LocalCluster(num_ps=1, num_workers=1, delay="100ms", timeout_s=120)
+    c.start()
+    try:
+        ps = parse_address(c.addresses["ps"][0])
+        held = socket.create_connection(ps, timeout=30)
+    finally:
+        c.stop()
+    try:
+        still_open = [s for s in ss_listing(["state", "established"])
+                      if s["peer"] == ps and s["pid"] == os.getpid()]
+        assert not still_open, still_open
+    finally:
+        held.close()
+
+
 def test_link_specs_parse_and_refuse_what_tc_would_not_take():
     assert netem.parse_link("10mbit/25ms") == {"bandwidth": "10mbit", "delay": "25ms",
                                                "loss": None}
@@ -236,3 +260,4 @@ def test_command_lines_refuse_a_bad_link_before_anything_starts(tmp_path, capsys
     with pytest.raises(SystemExit):
         train.main(["--strategy", "ps", "--link", "10mbit/25ms/2"])
     assert "loss" in capsys.readouterr().err
+

@@ -1,5 +1,6 @@
 """`LocalCluster`: a real TensorFlow cluster of local processes, stopped by pid."""
 import atexit
+import gc
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from tfgc.cluster.processes import (
     HOST, JOBS, PACKAGE_PARENT, PORT_CONFLICT, ClusterError, PortConflict,
     accepts_connections, log_tail, progress, reserve_ports,
 )
-from tfgc.cluster.sockets import SocketCounters, ss_sockets
+from tfgc.cluster.sockets import SocketCounters, ss_listing, ss_sockets
 from tfgc.cluster.workers import WorkerScripts
 
 if TYPE_CHECKING:
@@ -342,15 +343,36 @@ class LocalCluster(WorkerScripts, SocketCounters):
         if self._stopped:
             return
         self._stopped = True
+        # A resource collected after this is destroyed on a server that is gone. That
+        # fails at once where the connection knows it closed; a connection whose close
+        # was lost waits for TCP to give up (minutes). So what is garbage already goes
+        # first, and the links outlive the servers until the closes have crossed them.
+        gc.collect()
         try:
             self._kill_workers()
             self._kill_all(grace_s)
         finally:
             if self._net is not None:
+                self._await_closed_connections()
                 self._net.teardown()
             atexit.unregister(self._atexit)
         if remove_logs and self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _await_closed_connections(self, timeout_s: float = 10.0) -> None:
+        """Waits (at most `timeout_s`) until this process has no established connection
+        to a task's server: the closes of the stopped servers have crossed the emulated
+        links (a delay line or a slow rate holds them back), which a teardown would drop."""
+        if self._addresses is None:
+            return  # it never started
+        servers = self._task_addresses()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            open_ = [s for s in ss_listing(["state", "established"])
+                     if s["peer"] in servers and s["pid"] in (None, os.getpid())]
+            if not open_:
+                return
+            time.sleep(0.05)
 
     def _kill_all(self, grace_s=5.0):
         procs = list(self._procs.values())
