@@ -260,4 +260,3 @@ def test_command_lines_refuse_a_bad_link_before_anything_starts(tmp_path, capsys
     with pytest.raises(SystemExit):
         train.main(["--strategy", "ps", "--link", "10mbit/25ms/2"])
     assert "loss" in capsys.readouterr().err
-

@@ -23,7 +23,8 @@ Before TensorFlow loads (importing it takes seconds), while `import tfgc` starts
 TensorFlow's start-up log (`_before_tensorflow`):
 
 - SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 each end it with one line that names
-  the signal, at any moment after the interpreter has started (see docs/deployment.md): "SIGHUP received while starting; exiting with code 129",
+  the signal, at any moment after the interpreter has started (see
+  docs/deployment.md): "SIGHUP received while starting; exiting with code 129",
   or once it serves "SIGTERM received; stopping /job:ps/task:0 (exit code 0)".
 - A wrong configuration ends it with exit code 2 and one line, before TensorFlow loads.
 - TF_CPP_MIN_LOG_LEVEL is 3 unless set. TensorFlow logs its start-up lines (oneDNN,

@@ -17,7 +17,7 @@ from tfgc.cluster.processes import (
     HOST, JOBS, PACKAGE_PARENT, PORT_CONFLICT, ClusterError, PortConflict,
     accepts_connections, log_tail, progress, reserve_ports,
 )
-from tfgc.cluster.sockets import SocketCounters, numeric_host, ss_listing, ss_sockets
+from tfgc.cluster.sockets import SocketCounters, ss_listing, ss_sockets
 from tfgc.cluster.workers import WorkerScripts
 
 if TYPE_CHECKING:
@@ -365,14 +365,7 @@ class LocalCluster(WorkerScripts, SocketCounters):
         links (a delay line or a slow rate holds them back), which a teardown would drop."""
         if self._addresses is None:
             return  # it never started
-        # The servers it stopped; not this process's own (the chief's) address.
-        servers = set()
-        for job, addresses in self._addresses.items():
-            if job == "chief":
-                continue
-            for address in addresses:
-                host, port = address.rsplit(":", 1)
-                servers.add((numeric_host(host.strip("[]")), int(port)))
+        servers = self._task_addresses(JOBS)  # not this process's own (the chief's)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             open_ = [s for s in ss_listing(["state", "established"])

@@ -307,10 +307,12 @@ class SocketCounters:
                     tasks[pid] = (job, index)
         return tasks
 
-    def _task_addresses(self):
-        """{(numeric host, port)} of every task's server."""
+    def _task_addresses(self, jobs=None):
+        """{(numeric host, port)} of every task's server (of `jobs`' tasks: default all)."""
         addresses = set()
-        for addrs in self._addresses.values():
+        for job, addrs in self._addresses.items():
+            if jobs is not None and job not in jobs:
+                continue
             for address in addrs:
                 host, port = address.rsplit(":", 1)
                 addresses.add((numeric_host(host.strip("[]")), int(port)))

@@ -66,17 +66,20 @@ def send_checked(
         # Checked on the worker, before the messages leave: a flag made on the servers
         # would cost every step a round trip to the worker and back before they apply.
         packed = wire.pack(grads_and_vars)
-        kept = [staged[key].value for key in residuals]
-        finite = all_finite([t for t in wire.payload_tensors(packed) if t.dtype.is_floating]
-                            + kept)
+        checked = [t for t in wire.payload_tensors(packed) if t.dtype.is_floating]
         pairs, sent = wire.receive(packed)
+        on_servers = True
     else:
         pairs, sent = wire.send(grads_and_vars)
-        finite = all_finite([g for g, _ in pairs])
+        checked = [g for g, _ in pairs]
+        on_servers = False
     optimizer.traffic_counters.record("push", sent)  # type: ignore[union-attr]  # built (see Args)
     # Only the residuals this step wrote (a sparse gradient's rows leave theirs alone).
     written = [(residuals[key], staged[key].value) for key in residuals
                if staged[key].value is not olds[key]]
+    if on_servers:
+        checked += [value for _, value in written]
+    finite = all_finite(checked)
     if finite is None:
         for residual, value in written:
             residual.assign(value)

@@ -48,8 +48,9 @@ class Wire(abc.ABC):
 
     @abc.abstractmethod
     def send(self, grads_and_vars: Sequence[_Pair]) -> tuple[list[_Pair], list[_Counted]]:
-        """Returns ([(gradient as received, variable)], [(variable, payload bytes)])
-        for one step's (gradient, variable) pairs; None gradients pass through."""
+        """Returns ([(gradient as received, variable)], what was sent: a `Sent` per
+        gradient and (`NotAVariable`, bytes) per rider) for one step's (gradient,
+        variable) pairs; None gradients pass through."""
 
 
 class _FusedWire(Wire):
@@ -264,7 +265,8 @@ class AllReduceWire(Wire):
         summed: list[tuple[Any, base.Payload]]  # the position: None for the fingerprint
         gathered: list[tuple[int, base.Payload]]
         summed, gathered = [(None, fingerprint)], []  # (position, payload)
-        together: dict[tuple[type[base.Codec], tf.DType, bool], list[int]] = {}  # reduce group key: positions summed by one all_reduce_group
+        # reduce group key: positions summed by one all_reduce_group
+        together: dict[tuple[type[base.Codec], tf.DType, bool], list[int]] = {}
         for position, (gradient, variable) in enumerate(grads_and_vars):
             if gradient is None:
                 continue
