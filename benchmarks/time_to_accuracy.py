@@ -13,10 +13,10 @@ fp32's mean final test accuracy on loopback over the seeds; a run's time to it i
 training time of its first test at or above it. Speedups are ratios of total times over
 the seeds that every compared run reached.
 
-fp32 on a slow link may not finish within --timeout: with --estimate-fp32 it runs only
---fp32-link-steps steps there, and its time to the target is estimated as its measured
-first epoch + (its loopback steps to the target - one epoch) x its measured link step
-time, labelled as an estimate, with the measured parts beside it.
+fp32 and bf16 on a slow link may not finish within --timeout: a configuration named in
+--estimate runs only --estimate-link-steps steps there, and its time to the target is
+estimated as its measured first epoch + (its loopback steps to the target - one epoch) x
+its measured link step time, labelled as an estimate, with the measured parts beside it.
 
 Floors (`models.floors`), measured in the same run of this benchmark: each run's
 compute floor (the same step with no communication, --workers local processes side
@@ -124,8 +124,9 @@ def summarize(results, with_floors=True):
     for r in rows:
         r["time_to_target_s"] = held_out.time_to(r["held_out"] or [], target)
         r["estimated"] = False
-        if r.get("fp32_link_probe"):
-            base = next((b for b in fp32_loopback if b["seed"] == r["seed"]), None)
+        if r.get("link_probe", r.get("fp32_link_probe")):
+            base = next((b for b in rows if b["link"] == "loopback"
+                         and b["config"] == r["config"] and b["seed"] == r["seed"]), None)
             steps_to = next((h["step"] for h in base["held_out"]
                              if h["test_accuracy"] >= target), None) if base else None
             if steps_to is not None:
@@ -229,10 +230,11 @@ def main(argv=None):
                         help="batches to recompute batch-norm statistics with before "
                              "every test, for every run alike (0: kept statistics)")
     parser.add_argument("--target-fraction", type=float, default=0.95)
-    parser.add_argument("--estimate-fp32", action="store_true",
-                        help="on emulated links, run fp32 for --fp32-link-steps only and "
-                             "estimate its time to the target")
-    parser.add_argument("--fp32-link-steps", type=int, default=48)
+    parser.add_argument("--estimate", default="",
+                        help="comma-separated configurations (fp32, bf16) that on emulated "
+                             "links run --estimate-link-steps only, their time to the "
+                             "target estimated from their loopback run")
+    parser.add_argument("--estimate-link-steps", type=int, default=48)
     parser.add_argument("--floor-steps", type=int, default=64)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     parser.add_argument("--out", default=None)
@@ -246,6 +248,9 @@ def main(argv=None):
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "fp32" not in configs:
         parser.error(f"--configs needs fp32 (the target's run) and knows {', '.join(CONFIGS)}")
+    estimated = [c for c in args.estimate.split(",") if c]
+    if any(c not in configs for c in estimated):
+        parser.error("--estimate names configurations of --configs only")
     links = ["loopback"] + [link for link in args.links.split(",") if link]
     out = args.out or os.path.join(HERE, "data", "time_to_accuracy", f"{args.strategy}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -269,10 +274,10 @@ def main(argv=None):
         save()
         for link in links:
             for config in configs:
-                probe = config == "fp32" and link != "loopback" and args.estimate_fp32
+                probe = config in estimated and link != "loopback"
                 row = run_config(args, config, seed, link,
-                                 args.fp32_link_steps if probe else args.steps)
-                row["fp32_link_probe"] = probe
+                                 args.estimate_link_steps if probe else args.steps)
+                row["link_probe"] = probe
                 results["rows"].append(row)
                 got = ("failed" if "error" in row else
                        f"test {row['test_accuracy']:.3f}, {row['step_time_s']:.3f} s/step")
