@@ -2,7 +2,7 @@
 
 A compressed pull sends `encode(master - cache)` and leaves the rest in the next delta
 (error accumulation), so a worker computes its gradients at `cache = master - residual`.
-This trains ResNet-20 in one process (no strategy: `tfgc.variables` runs the same pull
+This trains ResNet-20 in one process (no strategy: `tfgc.ps.variables` runs the same pull
 mechanism for one worker, so the workers' asynchrony is left out) with its pulls
 compressed by ThreeLC at each `--sparsity`, and after every step measures, over the
 pulled variables of the main codec (the kernels):
@@ -54,7 +54,7 @@ def measure(sparsity, args):
     optimizer.build(model.trainable_variables)
     model.compile(optimizer, workload.loss())
     pulled = [v for v in model.trainable_variables
-              if isinstance(v, tfgc.variables.PulledVariable) and optimizer.compresses(v.master)]
+              if isinstance(v, tfgc.ps.variables.PulledVariable) and optimizer.compresses(v.master)]
     if not pulled:
         raise RuntimeError("no variable is pulled compressed: nothing to measure")
 

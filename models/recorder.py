@@ -69,7 +69,7 @@ def recorder_classes():
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * self.steps_per_epoch
             if not self.per_batch:
-                from tfgc.telemetry import per_step_traffic
+                from tfgc.callbacks import per_step_traffic
 
                 counters = self._counters()
                 figures = per_step_traffic(self._last_counters, counters, self.steps_per_epoch)

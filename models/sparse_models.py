@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from tfgc import lookups
+from tfgc.ps import lookups
 from tfgc.optimizer.bounded_adam import BoundedAdam
 
 LOSSES = ("linear", "logistic", "svm")
@@ -100,7 +100,7 @@ class SparseLinear(tf_keras.layers.Layer):
     w's gradient is a `tf.IndexedSlices` with one row per distinct feature. Under
     ParameterServerStrategy the gather runs on the parameter server and only the
     rows come back. The distinct feature ids cross to it packed by FastSGD's key
-    encoder (`tfgc.lookups.packed_gather`: sorted, delta, ~9 bits per id on Reuters
+    encoder (`tfgc.ps.lookups.packed_gather`: sorted, delta, ~9 bits per id on Reuters
     batches instead of 32), unpacked there by the op library, which every tfgc server loads;
     `packed_reads=False` sends them as int32 (int64 from D >= 2^31) ids, as a plain
     `tf.gather` does. With packed reads, a push whose codec can (FastSGD) sends w's

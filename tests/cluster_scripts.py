@@ -31,11 +31,11 @@ def send_report(result):
 
 
 # With "--pass-handles" among a script's arguments, the servers' variables are not named
-# (tfgc.server_variables) and every step passes their handles, as TensorFlow does it:
+# (tfgc.ps.server_variables) and every step passes their handles, as TensorFlow does it:
 # the baseline that named variables are compared with.
 PASS_HANDLES = """\
 if "--pass-handles" in sys.argv:
-    from tfgc import server_variables
+    from tfgc.ps import server_variables
     server_variables.by_name = lambda variable: variable
     sys.argv.remove("--pass-handles")
 """

@@ -16,7 +16,7 @@ InvalidArgument, and the server goes on serving.
 With compressed pulls (`compressed_pulls()`: every weight pulled in one message per
 step) and ThreeLC's entropy coder both ways, both directions carry their counted payload
 plus a fixed cost per step: the server's part of a step reaches the masters and slots
-by name (tfgc.server_variables), where TensorFlow would pass a remote handle per
+by name (tfgc.ps.server_variables), where TensorFlow would pass a remote handle per
 variable on every call (see the last test).
 """
 
@@ -138,7 +138,7 @@ def test_many_variables_cost_one_message_per_step(run_report):
 def test_compressed_pulls_cost_one_message_per_step(run_report):
     # Every weight is pulled (the kernels with ThreeLC, the biases as float16) in one
     # message per step, and the server's part of each step reaches the masters and
-    # slots by name (tfgc.server_variables), so nothing crosses per variable: both
+    # slots by name (tfgc.ps.server_variables), so nothing crosses per variable: both
     # directions carry their payload and a fixed cost, within the bound asserted below.
     report = run_report(COORDINATOR, timeout=400, args=[str(STEPS), "entropy+pull"])
     push, pull = report["sent"] / STEPS, report["received"] / STEPS

@@ -192,7 +192,7 @@ def test_local_steps_with_loss_scaling_is_not_built_yet():
 ])
 def test_parameter_server_local_steps_refuse_inner_steps_tfgc_does_not_run(inner, message):
     # Under ParameterServerStrategy tfgc runs the inner step on the worker itself.
-    from tfgc.optimizer import local_steps_ps
+    from tfgc.ps import local_steps as local_steps_ps
 
     with pytest.raises(NotImplementedError, match=message):
         local_steps_ps.check_inner_optimizer(inner())

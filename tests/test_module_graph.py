@@ -1,7 +1,17 @@
-"""tfgc's modules import each other without a circle (module-level imports; an import
-inside a function runs later and is not part of the graph)."""
+"""How tfgc's modules import each other (module-level imports; an import inside a
+function, or under TYPE_CHECKING, runs later or never and is not part of the graph):
+without a circle, with a small top level, and with the parameter-server package
+(tfgc.ps) reached from the rest of tfgc at its seams only. Moved modules stay
+importable under their old names, with a warning."""
 import ast
+import importlib
 import pathlib
+import sys
+import warnings
+
+import pytest
+
+from tfgc._moved import MOVED
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -57,9 +67,68 @@ def _circle(graph):
 
 
 def test_no_import_circle():
-    modules = _modules()
-    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    graph = _graph()
     assert _circle(graph) is None, " -> ".join(_circle(graph))
+
+
+def _graph():
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_the_top_level_holds_at_most_eight_modules():
+    public = sorted(p.stem for p in (ROOT / "tfgc").glob("*.py")
+                    if not p.stem.startswith("_"))
+    assert len(public) <= 8, public
+
+
+def _in_ps(module):
+    return module == "tfgc.ps" or module.startswith("tfgc.ps.")
+
+
+# Every import of a tfgc.ps module from the rest of tfgc, with what it is for (the
+# seams drawn in docs/architecture.md). A new one is a design decision: add it here.
+PS_SEAMS = {
+    ("tfgc", "tfgc.ps.pulls"): "compressed_pulls and get_variable",
+    ("tfgc", "tfgc.ps.moving_statistics"): "batch_norm_on_server",
+    ("tfgc.codecs.base", "tfgc.ps.server_variables"): "a codec's state on a server, by name",
+    ("tfgc.distribute", "tfgc.ps.server_variables"): "per-worker variables, by name",
+    ("tfgc.optimizer.base", "tfgc.ps.pulls"): "the optimizer counts a model's pulls",
+    ("tfgc.optimizer.base", "tfgc.ps.variables"): "gradients of a PulledVariable go to its master",
+    ("tfgc.optimizer.tfkeras", "tfgc.ps.local_steps"): "local steps' meetings with the servers",
+    ("tfgc.optimizer.tfkeras", "tfgc.ps.server_variables"): "the slots, by name",
+    ("tfgc.wire.wires", "tfgc.ps.riders"): "other updates ride in the push message",
+    ("tfgc.wire.wires", "tfgc.ps.copies"): "tensors the server holds are not sent",
+}
+
+
+def test_the_rest_of_tfgc_reaches_the_parameter_server_package_at_its_seams():
+    edges = {(module, imported) for module, imports in _graph().items()
+             if not _in_ps(module) for imported in imports if _in_ps(imported)}
+    assert not edges - set(PS_SEAMS), sorted(edges - set(PS_SEAMS))
+
+
+def test_the_parameter_server_package_imports_nothing_that_drives_training():
+    above = ("tfgc.optimizer", "tfgc.callbacks", "tfgc.trainer", "tfgc.prebuild",
+             "tfgc.mqgrad", "tfgc.cluster", "tfgc.server")
+    found = {(module, imported) for module, imports in _graph().items() if _in_ps(module)
+             for imported in imports if imported.startswith(above)}
+    assert not found, sorted(found)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_moved_module_imports_under_its_old_name_with_a_warning(old):
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    new = importlib.import_module(MOVED[old])
+    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
+        f"{old} moved to {MOVED[old]}; the old name goes in the next release"]
+    name = next(n for n in vars(new) if not n.startswith("_") and callable(getattr(new, n)))
+    assert getattr(module, name) is getattr(new, name)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
 
 
 def test_the_circle_finder_finds_one():

@@ -1,4 +1,4 @@
-"""tf_keras batch-norm moving statistics updated on their server (tfgc.moving_statistics).
+"""tf_keras batch-norm moving statistics updated on their server (tfgc.ps.moving_statistics).
 
 Locally, a layer whose moving statistics are `NamedServerVariable`s, switched on with
 `tfgc.batch_norm_on_server`, must train as
@@ -19,8 +19,8 @@ import tensorflow as tf
 import tf_keras
 
 import tfgc
-from tfgc import moving_statistics
-from tfgc.server_variables import NamedServerVariable
+from tfgc.ps import moving_statistics
+from tfgc.ps.server_variables import NamedServerVariable
 
 
 def _layer(input_shape, named, on_server=True):
@@ -121,8 +121,8 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
-from tfgc import moving_statistics
-from tfgc.server_variables import NamedServerVariable
+from tfgc.ps import moving_statistics
+from tfgc.ps.server_variables import NamedServerVariable
 
 variables = []
 for i, start in ((1, [1.0, 2.0]), (2, [10.0])):

@@ -136,7 +136,7 @@ def test_signum_in_an_optimizer_keeps_no_residual_and_warns_of_a_second_momentum
     tf.train.Checkpoint(optimizer=resumed).restore(path).assert_consumed()
     np.testing.assert_array_equal(resumed.codec_for(kernel).momentum.numpy(), gradient.numpy())
     with pytest.raises(NotImplementedError, match="for pulls is the parameter server"):
-        from tfgc.pulls import default_pull_codecs
+        from tfgc.ps.pulls import default_pull_codecs
         default_pull_codecs(C.Signum()).codec_for(kernel)
 
 
@@ -229,7 +229,7 @@ def test_powersgd_binds_matrices_it_shrinks_and_sends_the_rest_as_they_are():
 
 
 def test_powersgd_is_not_a_pull_codec_yet():
-    from tfgc.pulls import default_pull_codecs
+    from tfgc.ps.pulls import default_pull_codecs
 
     with pytest.raises(NotImplementedError, match="for pulls is the parameter server"):
         default_pull_codecs(C.PowerSGD()).codec_for(tf.Variable(tf.zeros([64, 64])))

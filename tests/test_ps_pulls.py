@@ -12,7 +12,7 @@ import cluster_scripts
 COORDINATOR = cluster_scripts.script(
     """
     from sklearn.datasets import load_digits
-    from tfgc.variables import PulledVariable
+    from tfgc.ps.variables import PulledVariable
 
     data = load_digits()
     x = (data.images / 16.0).reshape(-1, 64).astype("float32")

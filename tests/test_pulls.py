@@ -1,4 +1,4 @@
-"""Compressed pulls (tfgc.variables) in one process: the same mechanism as under
+"""Compressed pulls (tfgc.ps.variables) in one process: the same mechanism as under
 ParameterServerStrategy, with one worker."""
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from sklearn.datasets import load_digits
 
 import tfgc
 from tfgc import codecs as C
-from tfgc.variables import PulledVariable
+from tfgc.ps.variables import PulledVariable
 
 
 def _digits():

@@ -1,4 +1,4 @@
-"""Batch-norm statistics riding in the push message (tfgc.wire.riders).
+"""Batch-norm statistics riding in the push message (tfgc.ps.riders).
 
 The cluster test trains one fixed batch with a zero learning rate (every step then sends
 the same gradients and the same batch statistics) on 1 PS + 1 worker, in a custom loop:
@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 import cluster_scripts
-from tfgc import codecs, moving_statistics
-from tfgc.server_variables import NamedServerVariable
-from tfgc.wire import riders
+from tfgc import codecs
+from tfgc.ps import moving_statistics
+from tfgc.ps.server_variables import NamedServerVariable
+from tfgc.ps import riders
 
 CHANNELS = (64, 256)  # a fused (conv) and an unfused (dense) batch norm
 

@@ -1,4 +1,4 @@
-"""Parameter-server variables reached by name (tfgc.server_variables) on a real cluster.
+"""Parameter-server variables reached by name (tfgc.ps.server_variables) on a real cluster.
 
 The same training runs twice, in fresh processes, once with the server's variables
 reached by name (the default) and once with their handles passed on every call, as
@@ -15,12 +15,12 @@ import pytest
 import tensorflow as tf
 
 import cluster_scripts
-from tfgc import server_variables
+from tfgc.ps import server_variables
 
 COORDINATOR = cluster_scripts.script(
     """
     from models import data as data_lib, sparse_models
-    from tfgc import server_variables
+    from tfgc.ps import server_variables
 
     def unnamed(variables):
         inner = [(v.name, getattr(getattr(v, "master", v), "_v", getattr(v, "master", v)))
@@ -136,7 +136,7 @@ def test_a_traced_step_makes_one_unordered_handle_per_named_variable():
 
 FIRST_STEP_COORDINATOR = cluster_scripts.script(
     """
-    from tfgc import server_variables
+    from tfgc.ps import server_variables
 
     # Models of many small variables, fp32 both ways (messages of fixed sizes), each
     # optimizer built by its model's first step, as `compile` and `fit` alone do it.

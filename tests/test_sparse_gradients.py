@@ -164,7 +164,7 @@ def test_compressed_embedding_off_parameter_servers_is_keras_embedding():
 
 
 def test_int8_rows_round_within_half_a_step_and_a_non_finite_row_decodes_nan():
-    from tfgc import lookups
+    from tfgc.ps import lookups
 
     rows = tf.constant([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [1.0, np.inf, 2.0]])
     decoded = lookups._decode_rows(lookups._encode_rows(rows, "int8"), "int8", tf.float32)

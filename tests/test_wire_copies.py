@@ -1,7 +1,7 @@
-"""tfgc.wire.copies: a traced tensor's copy on another task, found only for that task."""
+"""tfgc.ps.copies: a traced tensor's copy on another task, found only for that task."""
 import tensorflow as tf
 
-from tfgc.wire import copies
+from tfgc.ps import copies
 
 SERVER = "/job:ps/replica:0/task:0/device:CPU:0"
 

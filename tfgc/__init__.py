@@ -7,19 +7,19 @@ parameter server included, can run the decode ops.
 # quiets TensorFlow's start-up log before TensorFlow loads; elsewhere it does nothing.
 from tfgc import server as _server  # noqa: F401
 import tfgc_ops  # noqa: F401  (loads the op library)
-from tfgc import codecs
+from tfgc import _moved, codecs
 from tfgc._version import __version__ as __version__  # the one version source
-from tfgc.local_steps import OuterSGD
+from tfgc.local_steps import OuterSGD, recompute_statistics
 from tfgc.memory import ErrorFeedback, ResidualFeedback
 from tfgc.optimizer import (
     DistributedOptimizer, register_keras_optimizers, register_tf_keras_optimizers,
 )
-from tfgc.moving_statistics import batch_norm_on_server
+from tfgc.ps.moving_statistics import batch_norm_on_server
 from tfgc.trainer import fit_across_workers, fit_on_parameter_servers
 from tfgc.prebuild import build_for_fit
-from tfgc.pulls import compressed_pulls, get_variable
-from tfgc.recomputed_statistics import recompute_statistics
+from tfgc.ps.pulls import compressed_pulls, get_variable
 
+_moved.install()  # the old paths of moved modules, for one release
 # Saved models compiled with a DistributedOptimizer load wherever tfgc is imported.
 register_tf_keras_optimizers()
 register_keras_optimizers()
@@ -39,9 +39,9 @@ _SUBPACKAGES = ("cluster", "mqgrad")
 # install: name -> (module, its attribute or None for the module itself, what it is).
 _NEED_TF_KERAS = {
     "callbacks": ("tfgc.callbacks", None, "holds tf_keras callbacks"),
-    "telemetry": ("tfgc.telemetry", None, "holds tf_keras callbacks"),
+    "telemetry": ("tfgc.telemetry", None, "holds tf_keras callbacks (moved to tfgc.callbacks)"),
     "BoundedAdam": ("tfgc.optimizer.bounded_adam", "BoundedAdam", "is a tf_keras optimizer"),
-    "CompressedEmbedding": ("tfgc.lookups", "CompressedEmbedding", "is a tf_keras layer"),
+    "CompressedEmbedding": ("tfgc.ps.lookups", "CompressedEmbedding", "is a tf_keras layer"),
 }
 
 

@@ -3,8 +3,9 @@
 Everything above the codecs (wires, optimizers, pulled variables, callbacks) asks here
 whether the strategy has parameter servers, makes its per-replica or per-worker
 variables here, and gathers tensors of unequal length across replicas with the word
-packing here. It imports nothing else of tfgc (only the op library), so any module
-may import it.
+packing here. Of tfgc it imports only the op library, the version fence and the
+servers' variable naming (tfgc.ps.server_variables, which imports no other tfgc module),
+so any module may import it.
 """
 import contextlib
 import functools
@@ -13,7 +14,8 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 import tensorflow as tf
 
 import tfgc_ops
-from tfgc import _compat, server_variables
+from tfgc import _compat
+from tfgc.ps import server_variables
 
 #: Variables with fewer elements are not compressed by the main codec (3LC sends them
 #: as they are; tfgc sends them with the small-tensor codec).

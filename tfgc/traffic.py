@@ -21,7 +21,7 @@ DIRECTIONS = ("push", "pull")
 
 class NotAVariable(NamedTuple):
     """What a wire sent that is no optimizer variable's gradient (batch-norm statistics
-    riding in a push, `tfgc.wire.riders`), in place of a variable in `record`: counted
+    riding in a push, `tfgc.ps.riders`), in place of a variable in `record`: counted
     in the last column, with the dense bytes it replaces."""
 
     dense_nbytes: int

@@ -22,7 +22,7 @@ def _probe_base_resource_variable():
 
 
 # The private methods of BaseResourceVariable that tfgc's variable wrappers override
-# (tfgc.variables.PulledVariable); the probe above checks that TensorFlow still has them.
+# (tfgc.ps.variables.PulledVariable); the probe above checks that TensorFlow still has them.
 RESOURCE_VARIABLE_OVERRIDES = ("_read_variable_op", "_dense_var_to_tensor",
                                "_export_to_saved_model_graph",
                                "_gather_saveables_for_checkpoint")
@@ -30,7 +30,7 @@ RESOURCE_VARIABLE_OVERRIDES = ("_read_variable_op", "_dense_var_to_tensor",
 
 @_hook("ResourceVariable", "tensorflow",
        "tensorflow.python.ops.resource_variable_ops.ResourceVariable (the exact class of a "
-       "plain tf.Variable, subclassed by tfgc.server_variables.NamedServerVariable)")
+       "plain tf.Variable, subclassed by tfgc.ps.server_variables.NamedServerVariable)")
 def _probe_resource_variable():
     return _module("tensorflow.python.ops.resource_variable_ops").ResourceVariable
 

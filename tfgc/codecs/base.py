@@ -20,7 +20,7 @@ from typing import (
 
 import tensorflow as tf
 
-from tfgc import server_variables
+from tfgc.ps import server_variables
 from tfgc.codecs.validation import (  # noqa: F401  (codecs reach them as base.<name>)
     MAX_ELEMENTS, MAX_DECODED_BYTES, MAX_DECODED_ELEMENTS, MalformedPayloadError,
     decode_expecting, decoded_byte_bound, decoded_element_bound, bytes_per_element,

@@ -84,7 +84,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
       pull_compression: a codec for model pulls from parameter servers (3LC): the
         variables created by `tfgc.get_variable` or under `tfgc.compressed_pulls()`
         are read on workers from caches updated by compressed deltas (see
-        tfgc.variables). The pulls start at the first step, or at `build` where two
+        tfgc.ps.variables). The pulls start at the first step, or at `build` where two
         optimizers with pull_compression share a strategy.
       min_elements: variables with fewer elements are not compressed by
         `compression` (3LC's rule): they go with `small_compression`.

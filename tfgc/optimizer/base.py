@@ -8,7 +8,8 @@ from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 
-from tfgc import _compat, codecs, memory, pulls
+from tfgc import _compat, codecs, memory
+from tfgc.ps import pulls
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
     zeros_of,
@@ -16,7 +17,7 @@ from tfgc.distribute import (
 from tfgc.local_steps import OuterSGD, as_outer_optimizer, check_local_steps
 from tfgc.optimizer import saved_settings, xla
 from tfgc.traffic import DIRECTIONS, TrafficCounters, counter_variables
-from tfgc.variables import PulledVariable
+from tfgc.ps.variables import PulledVariable
 from tfgc.wire import choose_wire
 from tfgc.wire.encoder import DEFAULT_SMALL_COMPRESSION, Encoder, small_codec
 from tfgc.wire.wires import DEFAULT_BUCKET_BYTES, Wire
@@ -215,7 +216,7 @@ class CompressingBase:
         self.encoder.build(var_list, residual_variable)
 
     def pull_codecs(self) -> Optional[pulls.PullCodecs]:
-        """How this optimizer pulls a model (a `tfgc.pulls.PullCodecs`), or None
+        """How this optimizer pulls a model (a `tfgc.ps.pulls.PullCodecs`), or None
         without `pull_compression`."""
         if self.pull_compression is None:
             return None
@@ -231,7 +232,7 @@ class CompressingBase:
 
     def _take_pulls(self, variables):
         """Has the owners of the `PulledVariable`s among `variables` start their pulls if
-        nothing has, and count them (see `tfgc.pulls.CompressedPulls.attach`); counts
+        nothing has, and count them (see `tfgc.ps.pulls.CompressedPulls.attach`); counts
         the pulls of the current step traced before this optimizer's counters existed."""
         owners = {id(v.owner): v.owner for v in variables if isinstance(v, PulledVariable)}
         for owner in owners.values():

@@ -8,10 +8,11 @@ import tensorflow as tf
 
 from tfgc import _compat, local_steps
 from tfgc.distribute import is_parameter_server
-from tfgc.optimizer import finite_steps, local_steps_ps, xla
+from tfgc.optimizer import finite_steps, xla
+from tfgc.ps import local_steps as local_steps_ps
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
-from tfgc.server_variables import created_by_name
+from tfgc.ps.server_variables import created_by_name
 
 _DISTRIBUTED_CLASSES: dict = {}
 
@@ -59,7 +60,7 @@ class _CompressingMixin(CompressingBase):
 
     def build(self, var_list):
         masters = self._masters(var_list)
-        with created_by_name():  # the slots, reached by name (tfgc.server_variables)
+        with created_by_name():  # the slots, reached by name (tfgc.ps.server_variables)
             super().build(masters)
         self._build_compression(masters)
         self._take_pulls(var_list)

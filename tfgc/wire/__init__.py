@@ -11,15 +11,14 @@ sends them:
 * `LocalWire`: encoded and decoded in this process, through the same fused message
   (one replica: the effect of compression on accuracy, on one machine).
 
-Model pulls go the other way: `ParameterServerPull` sends each worker one fused delta
-message per parameter server and step for 3LC's compressed pulls (tfgc.variables).
+Model pulls go the other way: `tfgc.ps.pull.ParameterServerPull` sends each worker one fused delta
+message per parameter server and step for 3LC's compressed pulls (tfgc.ps.variables).
 """
 from tfgc.wire.encoder import Encoder
 from tfgc.wire.message import Entry, Layout
-from tfgc.wire.pull import ParameterServerPull
 from tfgc.wire.wires import AllReduceWire, LocalWire, ParameterServerPush, Wire, choose_wire
 
 __all__ = [
-    "Encoder", "Entry", "Layout", "Wire", "ParameterServerPush", "ParameterServerPull", "AllReduceWire",
+    "Encoder", "Entry", "Layout", "Wire", "ParameterServerPush", "AllReduceWire",
     "LocalWire", "choose_wire",
 ]

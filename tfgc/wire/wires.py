@@ -8,9 +8,9 @@ feedback), `codec(variable)` is the codec that decodes it, and `compresses(varia
 says whether the main codec handles it. Fused wires also ask `batch_key(variable)`:
 gradients with one key (a batched codec's, `Codec.batched`) are encoded together into
 one payload by `batch_payload(pairs)`, and, for `tf.IndexedSlices` whose indices the
-destination already holds (`tfgc.wire.copies`), `values_alone(gradient, variable)`:
+destination already holds (`tfgc.ps.copies`), `values_alone(gradient, variable)`:
 whether `values_payload` may send its rows without them. A parameter server's message
-also carries the step's other updates for it (`tfgc.wire.riders`). Every wire returns
+also carries the step's other updates for it (`tfgc.ps.riders`). Every wire returns
 what it sent; the optimizer counts it.
 """
 import abc
@@ -24,8 +24,8 @@ from tfgc.codecs import base
 from tfgc.distribute import all_gather_padded, dense_nbytes, is_parameter_server
 from tfgc.codecs.rows import distinct_rows, plain_nbytes
 from tfgc.traffic import NotAVariable, Sent
-from tfgc.wire import riders
-from tfgc.wire.copies import copy_on
+from tfgc.ps import riders
+from tfgc.ps.copies import copy_on
 from tfgc.wire.message import Layout, payload_units, shares_by_position, spread
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class _FusedWire(Wire):
         return decoded, list(zip(nbytes, plain)), counts[len(units):]
 
     def _held_indices(self, destination, gradient, variable):
-        """The destination's copy of `gradient`'s indices (`tfgc.wire.copies`), where
+        """The destination's copy of `gradient`'s indices (`tfgc.ps.copies`), where
         its rows may travel alone; else None."""
         if destination is None or not self.encoder.values_alone(gradient, variable):
             return None

@@ -8,7 +8,7 @@ FastSGD's key encoder (`tfgc_ops.pack_keys`), and the rows come back in bfloat16
 bytes a value) or as int8 with one float32 scale per row (1 byte a value), decoded on
 the worker. The gradient is a `tf.IndexedSlices` over those distinct rows, whose ids
 the server already holds: a push whose codec can (FastSGD) then sends the rows' values
-without their ids (`tfgc.wire.copies`).
+without their ids (`tfgc.ps.copies`).
 
 `CompressedEmbedding` is tf_keras's `Embedding` with its lookups made so; off
 parameter servers (one process, mirrored strategies, a worker's cached copy under
@@ -23,7 +23,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfgc_ops
-from tfgc.wire import copies
+from tfgc.ps import copies
 
 ROW_ENCODINGS = ("float32", "bfloat16", "int8")
 

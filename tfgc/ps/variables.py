@@ -13,18 +13,18 @@ Only the payload crosses PS -> worker. `snapshot[w]` always equals worker w's ca
 what one pull leaves out stays in the next delta: this is 3LC's error accumulation for
 pulls, kept per worker because ParameterServerStrategy runs workers asynchronously.
 A worker whose caches are new (first step, or a restarted worker whose per-worker
-variables were recreated) first does one full pull (tfgc.wire.pull), so it never
+variables were recreated) first does one full pull (tfgc.ps.pull), so it never
 diverges.
 
 The variables one parameter server hosts are pulled together, in one fused message
-per step with one worker index and one full/delta decision (tfgc.wire.pull).
+per step with one worker index and one full/delta decision (tfgc.ps.pull).
 
 Gradients are taken with respect to the cache, and `DistributedOptimizer` applies them
 to the master (pushed compressed as usual).
 
 `tfgc.compressed_pulls()` around model construction makes a Keras model's own weights
 this way, and `tfgc.get_variable` the variables one creates oneself; the scope's
-`CompressedPulls` (tfgc.pulls) owns them, decides their codec and starts their pulls.
+`CompressedPulls` (tfgc.ps.pulls) owns them, decides their codec and starts their pulls.
 Until their pulls start, reads go to the master uncompressed. With local steps
 (tfgc.local_steps) a worker's cache holds its own steps between meetings, so an
 evaluation or prediction step reads the master.
@@ -40,15 +40,16 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
 
 import tensorflow as tf
 
-from tfgc import _compat, moving_statistics, server_variables
+from tfgc import _compat
+from tfgc.ps import moving_statistics, server_variables
 from tfgc.codecs import base
 from tfgc.distribute import is_parameter_server, local_variable, zeros_of
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from tfgc.pulls import CompressedPulls
-    from tfgc.wire.pull import ParameterServerPull
+    from tfgc.ps.pulls import CompressedPulls
+    from tfgc.ps.pull import ParameterServerPull
 
 _state = threading.local()  # set while tfgc creates variables that are no model's
 
@@ -72,7 +73,7 @@ def buffers() -> Iterator[None]:
 def pulled(master: tf.Variable, min_elements: int, batch_norm_on_server: bool,
            owner: "CompressedPulls") -> tf.Variable:
     """`master` as a model variable of a `compressed_pulls` scope: a `PulledVariable`
-    owned by `owner` (a tfgc.pulls.CompressedPulls) where it is pulled, else itself."""
+    owned by `owner` (a tfgc.ps.pulls.CompressedPulls) where it is pulled, else itself."""
     strategy = tf.distribute.get_strategy()
     if isinstance(master, _compat.ShardedVariable):  # type: ignore[arg-type]  # a class the fence resolves at import
         # A `variable_partitioner` split it over parameter servers: each shard is
@@ -124,7 +125,7 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
             self.cache = local_variable(zeros_of(master.shape, master.dtype),
                                         f"{base_name}/pull_cache", per_worker)
         self._codec: Optional[base.Codec] = None
-        self._group: Optional["ParameterServerPull"] = None  # the tfgc.wire.ParameterServerPull that pulls this variable
+        self._group: Optional["ParameterServerPull"] = None  # the tfgc.ps.pull.ParameterServerPull that pulls this variable
         self._owner = owner
         owner.add(self)
         # graph -> (cache handle, pull op)
@@ -137,7 +138,7 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
 
     @property
     def owner(self) -> "CompressedPulls":
-        """The tfgc.pulls.CompressedPulls that starts and counts this variable's pulls."""
+        """The tfgc.ps.pulls.CompressedPulls that starts and counts this variable's pulls."""
         return self._owner
 
     @property
@@ -160,7 +161,7 @@ class PulledVariable(_compat.BaseResourceVariable):  # type: ignore[misc,valid-t
 
         Args:
           codec: the `tfgc.codecs.Codec` for this variable's deltas.
-          group: the `tfgc.wire.ParameterServerPull` that pulls this variable with the
+          group: the `tfgc.ps.pull.ParameterServerPull` that pulls this variable with the
             others its parameter server hosts, in one message per step.
         """
         if not isinstance(codec, base.Codec):

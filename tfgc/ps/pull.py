@@ -1,7 +1,7 @@
 """The pull wire: one fused message per parameter server, worker and step for all the
 compressed-pull variables (3LC's model pulls) that server hosts.
 
-Each `PulledVariable` (tfgc.variables) keeps a master on its parameter server, one
+Each `PulledVariable` (tfgc.ps.variables) keeps a master on its parameter server, one
 snapshot row per worker next to it and a cache on each worker. Per step, on the first
 read of any of them, the worker pulls all of them at once:
 
@@ -44,7 +44,7 @@ from tfgc.wire.message import (
     Layout, checked_size, from_bytes, payload_units, shares_by_position, to_bytes)
 
 if TYPE_CHECKING:
-    from tfgc.variables import PulledVariable
+    from tfgc.ps.variables import PulledVariable
 
 _T = TypeVar("_T")
 

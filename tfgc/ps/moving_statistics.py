@@ -14,7 +14,7 @@ off. For a marked statistic that is a `NamedServerVariable`, the update is compu
 on its server instead, with Keras's arithmetic (`v -= (v - batch) * (1 - momentum)`):
 only the batch's statistics cross, with the decay and Keras's "batch not empty" flag.
 In a step of the strategy's `run` they ride in the step's push message to their server
-(`tfgc.wire.riders`: no transfer of their own; as bfloat16, see `StatisticsUpdate`);
+(`tfgc.ps.riders`: no transfer of their own; as bfloat16, see `StatisticsUpdate`);
 where no push to that server carries them, they cross packed into one tensor per layer
 and server (per statistic on Keras's unfused path). Other variables, layers with batch
 renormalization or a mask, and eager code update as Keras does it.
@@ -33,8 +33,8 @@ from tfgc import _compat
 from tfgc.codecs.base import Codec, Payload, concat_flat, split_flat
 from tfgc.codecs.identity import Cast, NoCompression
 from tfgc.distribute import is_parameter_server
-from tfgc.server_variables import NamedServerVariable
-from tfgc.wire import riders
+from tfgc.ps.server_variables import NamedServerVariable
+from tfgc.ps import riders
 
 if TYPE_CHECKING:
     import tf_keras
@@ -166,7 +166,7 @@ def update_on_server(updates: Sequence[tuple[tf.Variable, tf.Tensor]], momentum:
     """`v -= (v - value) * (1 - momentum)` for each `(v, value)` of `updates`, computed
     on each variable's server, and not at all where `inputs_size` (a batch size) is 0:
     tf_keras's moving-average update. Per server, the values ride in the step's push
-    message where the step collects riders (`tfgc.wire.riders`), else cross packed
+    message where the step collects riders (`tfgc.ps.riders`), else cross packed
     into one tensor of their own.
 
     Args:

@@ -1,7 +1,7 @@
 """Local steps under ParameterServerStrategy: each worker trains its own copy of the
 model and meets the parameter servers every H of its own steps (tfgc.local_steps).
 
-The copy is the worker's caches of compressed pulls (tfgc.variables), so the model is
+The copy is the worker's caches of compressed pulls (tfgc.ps.variables), so the model is
 made under `tfgc.compressed_pulls()` and the optimizer has a `pull_compression`. In a
 worker's step k (its own count, `CompressedPulls.local_step`):
 
@@ -17,7 +17,7 @@ worker's step k (its own count, `CompressedPulls.local_step`):
                         and the copy returns to the anchor, which is what the server's
                         snapshot of it holds, so the next pull brings the master's change
 
-The step's batch-norm statistics updates for the servers (`tfgc.moving_statistics`)
+The step's batch-norm statistics updates for the servers (`tfgc.ps.moving_statistics`)
 wait on the worker too: each step folds them into a per-worker state, and the meeting's
 message carries the one update they compose to, which leaves each server's statistics
 as the worker's updates one after another would have (between meetings a server's
@@ -55,9 +55,9 @@ from tfgc import _compat
 from tfgc.codecs import base
 from tfgc.distribute import local_variable, num_workers, zeros_of
 from tfgc.memory import StagedResidual
-from tfgc.server_variables import created_by_name
-from tfgc.variables import PulledVariable
-from tfgc.wire import riders
+from tfgc.ps.server_variables import created_by_name
+from tfgc.ps.variables import PulledVariable
+from tfgc.ps import riders
 from tfgc.wire.wires import ParameterServerPush
 
 
@@ -262,7 +262,7 @@ class ServerMeetings:
         self.inner = inner_step(optimizer, self.masters)
         outer = optimizer.outer_optimizer
         self._round_riders = self._round_rider_sizes = None  # made in the first step
-        with created_by_name():  # reached by name on their servers (tfgc.server_variables)
+        with created_by_name():  # reached by name on their servers (tfgc.ps.server_variables)
             self.outer_momenta = ([optimizer.add_variable_from_reference(m, "outer_momentum")
                                    for m in self.masters] if outer.momentum > 0 else None)
 
@@ -388,7 +388,7 @@ class ServerMeetings:
 
     def _fold_riders(self, meeting, destinations):
         """Folds this step's riders that fold (batch-norm statistics) into the round's
-        state on the worker (`tfgc.wire.riders`), sent when it meets.
+        state on the worker (`tfgc.ps.riders`), sent when it meets.
 
         Returns:
           ({destination: riders that make the round's updates}, for the meeting's

@@ -1,11 +1,11 @@
 """Who owns compressed pulls: a `CompressedPulls` object per model (or group of variables).
 
 `tfgc.compressed_pulls()` returns one. Inside its scope the trainable variables a
-model creates become `PulledVariable`s (tfgc.variables) that it owns; it starts their
+model creates become `PulledVariable`s (tfgc.ps.variables) that it owns; it starts their
 pulls, one group (one message per step) per parameter server, and counts what they
 carry. A step's pull reads straight down:
 
-    PulledVariable read -> CompressedPulls.pull_in -> tfgc.wire.ParameterServerPull
+    PulledVariable read -> CompressedPulls.pull_in -> tfgc.ps.pull.ParameterServerPull
         -> codecs -> ops; the bytes it sent come back as a value -> TrafficCounters
 
 Which codec pulls them is decided once, when the pulls start (at the first traced
@@ -38,15 +38,15 @@ import tensorflow as tf
 from tfgc import codecs as codecs_lib
 from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable
-from tfgc.variables import buffers, creating_buffers, pulled
-from tfgc.wire import ParameterServerPull
+from tfgc.ps.variables import buffers, creating_buffers, pulled
+from tfgc.ps.pull import ParameterServerPull
 from tfgc.wire.encoder import (
     DEFAULT_SMALL_COMPRESSION, below_min_codec, compresses, small_codec, topology)
 
 if TYPE_CHECKING:
     from tfgc.optimizer.base import CompressingBase
     from tfgc.traffic import TrafficCounters
-    from tfgc.variables import PulledVariable
+    from tfgc.ps.variables import PulledVariable
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
 # Per strategy, the DistributedOptimizers with pull_compression made under it, each with
@@ -317,7 +317,7 @@ def compressed_pulls(compression: Optional[base.Codec] = None, min_elements: int
     Args:
       compression: the codec of the model deltas pulled; by default the
         `pull_compression` of the `DistributedOptimizer` that trains the model (see
-        tfgc.pulls for how that one is found).
+        tfgc.ps.pulls for how that one is found).
       min_elements: smaller variables stay plain variables, read from their server as
         they are on every step. By default every trainable floating variable is
         pulled, in one message per server and step: those the codec compresses, the
@@ -325,7 +325,7 @@ def compressed_pulls(compression: Optional[base.Codec] = None, min_elements: int
         small-tensor codec, as its pushes.
       batch_norm_on_server: under ParameterServerStrategy, update the moving statistics
         of the tf_keras batch-norm layers made in this scope on their server, where
-        only the batch's statistics cross (tfgc.moving_statistics); False leaves them
+        only the batch's statistics cross (tfgc.ps.moving_statistics); False leaves them
         to Keras, which reads them to the worker and writes them back on every step.
         `tfgc.batch_norm_on_server(model, enabled)` switches it for a built model.
 

@@ -1,7 +1,7 @@
 """Riders: a step's other updates to a parameter server, carried in its fused push.
 
 A training step writes to its parameter servers more than gradients: tf_keras batch
-norm's moving statistics are updated on their server (tfgc.moving_statistics). Sent on
+norm's moving statistics are updated on their server (tfgc.ps.moving_statistics). Sent on
 its own, each such update costs one more tensor, request and set of frames per step, as
 much on the sockets at high compression as the gradients' whole message. A `Rider` is
 such an update made to travel inside the step's fused message to its server
@@ -20,7 +20,7 @@ caller sends the update at once.
 A rider whose updates compose (`Rider.folds`: batch-norm statistics) can also wait on
 the worker: a round of them folds into one state (`fold`) that makes them all at once
 (`folded`), which is how local steps send them only when the worker meets its servers
-(tfgc.optimizer.local_steps_ps).
+(tfgc.ps.local_steps).
 """
 import abc
 import contextlib
