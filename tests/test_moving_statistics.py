@@ -150,3 +150,15 @@ print(json.dumps({
     assert report["update_devices"] == sorted(report["devices"]), report
     assert report["devices"][0] != report["devices"][1], report
     assert report["packed"] == 2, report
+
+
+def test_an_update_of_no_statistics_is_refused():
+    # Every caller updates a layer's one or two statistics: none is a caller's mistake,
+    # which a silent no-op would turn into statistics that never move.
+    rates = tf.constant([0.5, 1.0])
+    with pytest.raises(ValueError, match="no statistics"):
+        moving_statistics.update_on_server([], 0.9)
+    with pytest.raises(ValueError, match="no statistics"):
+        moving_statistics.StatisticsUpdate("/device:CPU:0", [], rates)
+    with pytest.raises(ValueError, match="no statistics"):
+        moving_statistics.FoldedStatistics("/device:CPU:0", [], tf.zeros([1]))

@@ -177,7 +177,11 @@ def update_on_server(updates: Sequence[tuple[tf.Variable, tf.Tensor]], momentum:
     Returns:
       The last update's result, as `assign_sub` returns it; the variable where the
       update rides (it is made later in the step, by the push).
+
+    Raises:
+      ValueError: `updates` is empty.
     """
+    _require_statistics(updates)
     by_server: dict[str, list[tuple[tf.Variable, tf.Tensor]]] = {}  # round-robin placement may put a layer's two statistics apart
     for variable, value in updates:
         device = _compat.unwrap_caching_variable(variable).device
@@ -205,9 +209,13 @@ class StatisticsUpdate(riders.Rider):
       device: the statistics' server.
       pairs: (variable, batch value) pairs of the variables on `device`.
       rates: [decay, applies] in the variables' dtype.
+
+    Raises:
+      ValueError: `pairs` is empty.
     """
 
     def __init__(self, device: str, pairs: Sequence[tuple[tf.Variable, tf.Tensor]], rates: tf.Tensor) -> None:
+        _require_statistics(pairs)
         super().__init__(device)
         self.variables = [variable for variable, _ in pairs]
         dtype = self.variables[0].dtype.base_dtype
@@ -274,11 +282,15 @@ class FoldedStatistics(riders.Rider):
       device: the statistics' server.
       variables: the statistics on `device`.
       state: the folded state, float32.
+
+    Raises:
+      ValueError: `variables` is empty.
     """
 
     def __init__(self, device: str, variables: Iterable[tf.Variable], state: tf.Tensor) -> None:
         super().__init__(device)
         self.variables = list(variables)
+        _require_statistics(self.variables)
         self.moved, self.stepped = state[:-1], state[-1:]
 
     def payload(self, small_compression: Optional[Codec]) -> Payload:
@@ -302,6 +314,15 @@ class FoldedStatistics(riders.Rider):
     def send_alone(self) -> Union[tf.Tensor, tf.Variable]:
         raise NotImplementedError(
             "folded batch-norm statistics travel in a meeting's message only")
+
+
+def _require_statistics(statistics):
+    """Raises ValueError if `statistics` is empty. Every caller updates a layer's moving
+    mean and variance; an update of none has no dtype and no result to return, and
+    passing it over would leave a layer's statistics unmoved without a word."""
+    if not statistics:
+        raise ValueError("no statistics to update: a batch-norm statistics update "
+                         "needs at least one")
 
 
 def _codec(small_compression):
