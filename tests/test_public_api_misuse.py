@@ -86,6 +86,19 @@ def _fresh_python(source):
     return _fresh_pythons([source])[0]
 
 
+def test_a_log_path_before_start_says_the_cluster_has_not_started(tmp_path):
+    from tfgc.cluster import LocalCluster
+
+    # Made, not started: no process, no namespace, no log directory yet.
+    cluster = LocalCluster(num_ps=1, num_workers=1)
+    with pytest.raises(RuntimeError, match="not started"):
+        cluster.log_path("ps", 0)
+    assert cluster.log_dir is None and not cluster._procs and cluster._net is None
+    # A directory given up front names the path already.
+    named = LocalCluster(num_ps=1, num_workers=1, log_dir=str(tmp_path))
+    assert named.log_path("worker", 1) == str(tmp_path / "worker-1.log")
+
+
 @pytest.mark.slow
 def test_subpackages_are_attributes_of_tfgc():
     done = _fresh_python("""

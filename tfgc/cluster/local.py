@@ -511,9 +511,19 @@ class LocalCluster(WorkerScripts, SocketCounters):
         return {job: list(pids) for job, pids in self._pids.items()}
 
     def log_path(self, job: str, index: int) -> str:
-        """Path of the log file of server task `job:index`."""
-        # None until start() (a TypeError then, as ever).
-        return os.path.join(self.log_dir, f"{job}-{index}.log")  # type: ignore[arg-type]
+        """Path of the log file of server task `job:index`.
+
+        Known before `start()` where `log_dir` was given; otherwise `start()` makes the
+        directory.
+
+        Raises:
+          RuntimeError: no `log_dir` was given and the cluster has not started.
+        """
+        if self.log_dir is None:
+            raise RuntimeError(
+                "the cluster is not started, so it has no log directory yet: call "
+                "log_path after start() (or `with LocalCluster(...) as c:`), or pass log_dir")
+        return os.path.join(self.log_dir, f"{job}-{index}.log")
 
     def exited_servers(self) -> dict[tuple[str, int], int]:
         """{(job, index): exit code} of the server tasks that have exited (a negative
