@@ -303,6 +303,19 @@ def test_callback_rejects_codecs_without_settable_bits():
         tfgc.callbacks.MQGrad(agent=MQGradAgent(), seed=0)
 
 
+def test_step_bytes_before_training_says_training_has_not_begun():
+    # The codec whose payload it counts is resolved when training begins.
+    model, optimizer = small_model(tfgc.codecs.Quantize(bits=tf.Variable(2)))
+    callback = tfgc.callbacks.MQGrad(optimizer, seed=0)
+    with pytest.raises(RuntimeError, match="on_train_begin"):
+        callback.step_bytes(2)
+    callback.set_model(model)
+    with pytest.raises(RuntimeError, match="on_train_begin"):
+        callback.step_bytes(2)
+    callback.on_train_begin()
+    assert 0 < callback.step_bytes(2) < callback.step_bytes(8)
+
+
 # --- the Adaptive baseline ------------------------------------------------------------------
 
 

@@ -184,7 +184,16 @@ class MQGrad(tf_keras.callbacks.Callback):
         Variables the optimizer compresses count the Quantize payload of their shape
         (its size does not depend on the values); the others their small-tensor
         payload, or their dense bytes without an optimizer.
+
+        Raises:
+          RuntimeError: training has not begun: `on_train_begin` (which `model.fit`
+            calls) finds the codec and the optimizer whose bytes this counts.
         """
+        if self.codec is None:
+            raise RuntimeError(
+                "MQGrad.step_bytes counts the bytes of the codec that on_train_begin "
+                "finds: training has not begun (model.fit calls on_train_begin; a loop "
+                "of its own calls set_model and on_train_begin first)")
         if bits not in self._bytes_by_bits:
             total = 0
             for variable in self.model.trainable_variables:
@@ -196,8 +205,7 @@ class MQGrad(tf_keras.callbacks.Callback):
                 if optimizer is None or optimizer.compresses(variable):
                     # The bits as a tensor, as in training (a constant would be left
                     # out of the message as static).
-                    # on_train_begin set the codec.
-                    total += fused_nbytes(self.codec.encode_with_bits,  # type: ignore[union-attr]
+                    total += fused_nbytes(self.codec.encode_with_bits,
                                           zeros,
                                           tf.constant(bits, tf.int32))
                 else:
