@@ -113,3 +113,11 @@ def test_the_weights_alone_restore_from_a_refused_checkpoint(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     fresh.fit(X, Y, epochs=1, batch_size=8, verbose=0)
     assert int(fresh.optimizer.iterations) == 1 + 8
+
+
+def test_the_settings_check_raises_or_returns_nothing():
+    from tfgc.optimizer.saved_settings import check
+
+    assert check('{"codec": "ThreeLC", "h": 1}', {"h": 1, "codec": "ThreeLC"}) is None
+    with pytest.raises(CheckpointSettingsError, match="h: saved 1, this optimizer 2"):
+        check('{"codec": "ThreeLC", "h": 1}', {"h": 2, "codec": "ThreeLC"})

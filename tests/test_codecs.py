@@ -575,3 +575,20 @@ def test_logquant_levels_decode_to_exact_powers_of_two(bits):
         values = C.LogQuant(bits).decode(payload).numpy()
         magnitude = np.where(levels > 0, np.ldexp(np.float32(scale), 1 - levels), 0.0)
         np.testing.assert_array_equal(values, np.concatenate([magnitude, -magnitude]))
+
+
+@pytest.mark.parametrize("settings", [C.PowerSGD(), C.Signum(), C.GradiVeQ()],
+                         ids=["PowerSGD", "Signum", "GradiVeQ"])
+def test_per_variable_settings_neither_encode_nor_decode(settings):
+    with pytest.raises(RuntimeError, match=r"codec\.bind\(variable\)"):
+        settings.encode(tf.zeros([4]))
+    with pytest.raises(RuntimeError, match=r"codec\.bind\(variable\)"):
+        settings.decode({})
+
+    # Its decode refuses by itself, not through whatever encode a subclass has.
+    class Encodes(type(settings)):
+        def encode(self, x):
+            return {"values": x}
+
+    with pytest.raises(RuntimeError, match=r"codec\.bind\(variable\)"):
+        Encodes().decode({"values": tf.zeros([4])})

@@ -354,12 +354,15 @@ class PerVariableSettings(Codec):
     layer_class = "layer"
 
     def encode(self, x: tf.Tensor) -> Payload:
-        raise RuntimeError(
-            f"{self.name} keeps {self.state}: call codec.bind(variable) and use the "
-            f"returned {self.layer_class} (tfgc.DistributedOptimizer does this for you)")
+        raise self._unbound()
 
     def decode(self, payload: Payload, expected_shape: Optional[Shape] = None) -> tf.Tensor:
-        self.encode(None)
+        raise self._unbound()
+
+    def _unbound(self) -> RuntimeError:
+        return RuntimeError(
+            f"{self.name} keeps {self.state}: call codec.bind(variable) and use the "
+            f"returned {self.layer_class} (tfgc.DistributedOptimizer does this for you)")
 
 
 def layer_name(prefix: str, variable: Any, unnamed: str = "variable") -> str:

@@ -43,7 +43,7 @@ class SavedSettings(tf.train.experimental.PythonState):
               self._describe())
 
 
-def check(saved_json: str, current: dict[str, Any]) -> int:
+def check(saved_json: str, current: dict[str, Any]) -> None:
     """Raises CheckpointSettingsError if the saved settings differ from `current`."""
     saved = json.loads(saved_json)
     current = json.loads(_to_json(current))
@@ -60,7 +60,6 @@ def check(saved_json: str, current: dict[str, Any]) -> int:
             "that is never compiled (tf.train.Checkpoint(model=copy).restore(path)"
             ".expect_partial()) and model.set_weights(copy.get_weights()); this optimizer "
             "then starts afresh")
-    return 0
 
 
 def _to_json(settings):
