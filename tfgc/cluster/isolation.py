@@ -47,6 +47,16 @@ inside a namespace (`unshare ... python <same arguments>`, keeping its pid), so 
 first thing in `main()`. `LocalCluster.start()` never moves its process by itself:
 that would also cut the rest of the program (downloads, remote logging) off the
 network, and could only be done by starting the program again behind its back.
+
+This module imports only the standard library, but importing it by its name
+(`tfgc.cluster.isolation`, `from tfgc import cluster`) imports the `tfgc` package
+first, and that loads TensorFlow and tfgc's op library (it registers tfgc's ops and
+Keras optimizers on import, so that any process with tfgc can decode and load saved
+models). A program that imports it is therefore already multi-threaded, and
+`isolate()` starts it again. To start a command inside a private namespace before it
+loads anything, run it as `python -m tfgc.cluster.private COMMAND`: the launcher
+(which loads tfgc, and so starts itself again) replaces itself with COMMAND there,
+which starts afresh, already isolated.
 """
 import ctypes
 import fcntl
