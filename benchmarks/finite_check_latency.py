@@ -8,7 +8,7 @@ times one step (four 64x64 variables, ThreeLC, two servers and one worker on lin
 25 ms one-way delay: 50 ms round trips) with the check and without it (the optimizer's
 unchecked send, run in the same process for the baseline), each a median of 15 steps
 after 3 warm-up steps, the two alternating over `--rounds` rounds. Raw output:
-`benchmarks/data/finite_check/latency.json`.
+`results/finite_check/latency.json`.
 """
 import argparse
 import json
@@ -23,8 +23,8 @@ import tfgc
 from tfgc import cluster, codecs
 from tfgc.optimizer import finite_steps
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "data", "finite_check", "latency.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "results", "finite_check", "latency.json")
 
 
 def unchecked_send(optimizer, strategy, grads_and_vars, aggregate):

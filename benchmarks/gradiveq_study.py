@@ -19,7 +19,7 @@ From run 1's gradients (the paper's section 1 observations):
 From run 2: test accuracy at equal steps, the d each layer used (from QSGD samples), and
 the bytes sent (`optimizer.traffic`).
 
-    python benchmarks/gradiveq_study.py --steps 500 --out benchmarks
+    python benchmarks/gradiveq_study.py --steps 500
 """
 import argparse
 import json
@@ -64,7 +64,8 @@ def parse_args(argv=None):
     parser.add_argument("--variant", default=None,
                         help="only the GradiVeQ run, written to gradiveq_study_<variant>.json")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="benchmarks", help="where the JSON and plots go")
+    parser.add_argument("--out", default="results/gradiveq/500_steps",
+                        help="where the JSON and plots go (default: %(default)s)")
     return parser.parse_args(argv)
 
 

@@ -1,10 +1,10 @@
-"""Re-derives every headline number of docs/results/ from the data committed in benchmarks/.
+"""Re-derives every headline number of docs/results/ from the data committed in results/.
 
     python -m benchmarks.headlines
 
 prints one line per headline: its id, its value, and the files it was computed from.
-Two kinds of source: raw output (JSON written by the benchmark itself, in benchmarks/) and
-recorded tables (CSV in benchmarks/recorded/, transcribed from what a command printed
+Two kinds of source: raw output (JSON written by the benchmark itself, in results/) and
+recorded tables (CSV in results/recorded/, transcribed from what a command printed
 when its raw output was not kept; each CSV says so in its header). The values are the
 strings docs/results/index.md shows; tests/test_headlines.py checks that they agree.
 
@@ -85,7 +85,7 @@ def _verdict(measured, target):
 
 # --- the demo on emulated links (recorded) ---------------------------------------------
 
-DEMO = "benchmarks/recorded/demo_links.csv"
+DEMO = "results/recorded/demo_links.csv"
 
 
 def _demo_runs(series):
@@ -156,7 +156,7 @@ def demo_headlines():
     return heads
 
 
-DEMO_LINKS = "benchmarks/data/demo_links/summaries.json"
+DEMO_LINKS = "results/demo_links/summaries.json"
 
 
 def time_to_training_accuracy(summaries, window=3):
@@ -227,7 +227,7 @@ def demo_links_sockets_headline():
                     f"({ours['steps']} steps, seed {ours['seed']})", [DEMO_LINKS], True)
 
 
-SPARSE_EMBEDDINGS = "benchmarks/data/sparse_embeddings/token_regressor.json"
+SPARSE_EMBEDDINGS = "results/sparse_embeddings/token_regressor.json"
 
 
 def sparse_embeddings_headline():
@@ -243,7 +243,7 @@ def sparse_embeddings_headline():
         [SPARSE_EMBEDDINGS], True)
 
 
-LOCAL_STEPS = "benchmarks/data/local_steps/mwms_{}.json"
+LOCAL_STEPS = "results/local_steps/mwms_{}.json"
 LOCAL_STEPS_SEEDS = ("loopback", "loopback_seed1", "loopback_seed2")
 
 
@@ -282,10 +282,9 @@ def local_steps_headlines():
 
 
 # The demo at 10 Mbit/s with fp32 and every H, after `fit` traced its step once.
-LOCAL_STEPS_PS = "benchmarks/data/local_steps/ps_10mbit_one_trace/summaries.json"
+LOCAL_STEPS_PS = "results/local_steps/ps_10mbit_240_steps/summaries.json"
 LOCAL_STEPS_PS_BYTES = LOCAL_STEPS_PS
-LOCAL_STEPS_PS_RECOMPUTED = ("benchmarks/data/local_steps/ps_recomputed_statistics/"
-                             "{}summaries.json")
+LOCAL_STEPS_PS_RECOMPUTED = "results/local_steps/ps_recomputed_statistics/{}summaries.json"
 LOCAL_STEPS_PS_SEEDS = ("", "seed1/", "seed2/")
 
 
@@ -347,10 +346,9 @@ def local_steps_ps_bytes_headline():
         "back", [LOCAL_STEPS_PS_BYTES], True)
 
 
-LOCAL_STEPS_PS_1MBIT = "benchmarks/data/local_steps/ps_1mbit_960_steps/{}summaries.json"
+LOCAL_STEPS_PS_1MBIT = "results/local_steps/ps_1mbit_960_steps/{}summaries.json"
 # fp32 makes no per-worker variables and no pulls, what changed since this run.
-LOCAL_STEPS_PS_1MBIT_FP32 = ("benchmarks/data/local_steps/ps_1mbit_one_trace/"
-                             "fp32_40_steps_summary.json")
+LOCAL_STEPS_PS_1MBIT_FP32 = "results/local_steps/ps_1mbit_160_steps/fp32_40_steps_summary.json"
 SOONER_THAN_FP32_TARGET, SOONER_THAN_THREELC_TARGET = 50.0, 3.0
 
 
@@ -389,7 +387,7 @@ def local_steps_ps_1mbit_headline():
         + [LOCAL_STEPS_PS_1MBIT_FP32], True)
 
 
-POWERSGD = "benchmarks/data/peer_codecs/powersgd_mwms_loopback{}.json"
+POWERSGD = "results/peer_codecs/powersgd_mwms_loopback{}.json"
 POWERSGD_SEEDS = ("", "_seed1", "_seed2")
 POWERSGD_SOCKET_TARGET = 20.0
 
@@ -413,8 +411,8 @@ def powersgd_headline():
         [POWERSGD.format(key) for key in POWERSGD_SEEDS], True)
 
 
-POWERSGD_LONG = "benchmarks/data/peer_codecs/powersgd_1800_mwms_loopback_seed{}.json"
-POWERSGD_LONG_RANK1 = "benchmarks/data/peer_codecs/powersgd_rank1_1800_mwms_loopback_seed{}.json"
+POWERSGD_LONG = "results/peer_codecs/powersgd_1800_mwms_loopback_seed{}.json"
+POWERSGD_LONG_RANK1 = "results/peer_codecs/powersgd_rank1_1800_mwms_loopback_seed{}.json"
 POWERSGD_LONG_SEEDS = 3
 POWERSGD_ACCURACY_POINTS = -1.0
 
@@ -446,7 +444,7 @@ def powersgd_long_headline():
         + [POWERSGD_LONG_RANK1.format(seed) for seed in range(POWERSGD_LONG_SEEDS)], True)
 
 
-POWERSGD_BFLOAT16 = "benchmarks/data/peer_codecs/powersgd_bfloat16_1800_mwms_loopback_seed{}.json"
+POWERSGD_BFLOAT16 = "results/peer_codecs/powersgd_bfloat16_1800_mwms_loopback_seed{}.json"
 POWERSGD_BFLOAT16_CONFIG = "powersgd:rank=3,factors_dtype=bfloat16"
 
 
@@ -468,8 +466,8 @@ def powersgd_bfloat16_headline():
         [POWERSGD_BFLOAT16.format(seed) for seed in range(POWERSGD_LONG_SEEDS)], True)
 
 
-SIGNUM = "benchmarks/data/peer_codecs/signum_mwms_loopback_seed{}.json"
-SIGNUM_VOTE = "benchmarks/data/peer_codecs/signum_vote_mwms_loopback_seed{}.json"
+SIGNUM = "results/peer_codecs/signum_mwms_loopback_seed{}.json"
+SIGNUM_VOTE = "results/peer_codecs/signum_vote_mwms_loopback_seed{}.json"
 
 
 def signum_headline(key="signum-mwms", files=SIGNUM):
@@ -491,7 +489,7 @@ def signum_headline(key="signum-mwms", files=SIGNUM):
 
 # --- accuracy of longer runs (recorded) ------------------------------------------------
 
-LONG = "benchmarks/recorded/long_runs.csv"
+LONG = "results/recorded/long_runs.csv"
 
 
 def accuracy_gaps(epochs, compression, pulls):
@@ -523,7 +521,7 @@ def accuracy_headlines():
 
 # --- what crosses per step (raw: benchmarks/wire_breakdown.py's output) -------------------
 
-BREAKDOWN = "benchmarks/data/wire_breakdown"
+BREAKDOWN = "results/wire_breakdown"
 FUSED = "tensors sent: uint8 (fused messages)"
 DIRECTIONS = {"push": "worker 0 -> PS", "pull": "PS -> worker 0"}
 # Targets: 3LC's Table 2 ratios for ResNet-110 (s = 1.0 and 1.75), and the bytes a step
@@ -532,10 +530,15 @@ WIRE_TARGETS = {THREELC: 39.4, THREELC_175: 107.0}
 OUTSIDE_TARGET = 1024
 
 
+# The two sets of runs, by the code they measured: the batch-norm statistics sent as
+# float32 tensors of their own, or riding in the push message (the wire as it is).
+APART, IN_PUSH = "statistics_as_tensors", "statistics_in_push"
+
+
 def breakdown_file(label, model, spec):
-    """The output file of one wire_breakdown run (`label`: "before" or "after")."""
+    """The output file of one wire_breakdown run (`label`: APART or IN_PUSH)."""
     name = spec.replace(":", "_").replace(",", "_").replace("=", "_")
-    return f"{BREAKDOWN}/{label}_{model}_{name}.txt"
+    return f"{BREAKDOWN}/{label}/{model}_{name}.txt"
 
 
 def breakdown(label, model, spec):
@@ -550,7 +553,7 @@ def breakdown(label, model, spec):
 
 def _against(model, spec, baseline="none"):
     """{direction: fp32 (or `baseline`) bytes per step / `spec`'s}, same model."""
-    base, ours = breakdown("after", model, baseline), breakdown("after", model, spec)
+    base, ours = breakdown(IN_PUSH, model, baseline), breakdown(IN_PUSH, model, spec)
     return {d: base[d][0] / ours[d][0] for d in DIRECTIONS}
 
 
@@ -570,14 +573,14 @@ def wire_headlines():
                 value += f"against fp16 {_x(fp16['push'])}, {_x(fp16['pull'])}; "
             heads.append(Headline(
                 f"wire-{model}{tag}", value + _met(ratios, WIRE_TARGETS[spec]),
-                [breakdown_file("after", model, s) for s in ("none", spec)], True))
-    before, after = (breakdown(label, "resnet20", THREELC_175) for label in ("before", "after"))
+                [breakdown_file(IN_PUSH, model, s) for s in ("none", spec)], True))
+    before, after = (breakdown(label, "resnet20", THREELC_175) for label in (APART, IN_PUSH))
     outside = {d: after[d][1] for d in DIRECTIONS}
     heads.append(Headline(
         "wire-outside", f"{outside['push']:,.0f} B push, {outside['pull']:,.0f} B pull (were "
         f"{before['push'][1]:,.0f} and {before['pull'][1]:,.0f}); target "
         f"{OUTSIDE_TARGET:,} B {'met' if max(outside.values()) <= OUTSIDE_TARGET else 'missed'}",
-        [breakdown_file(label, "resnet20", THREELC_175) for label in ("before", "after")], True))
+        [breakdown_file(label, "resnet20", THREELC_175) for label in (APART, IN_PUSH)], True))
     return heads
 
 
@@ -589,8 +592,8 @@ STATISTICS_BYTES = {"resnet20": 2 * 2 * 688, "resnet56": 2 * 2 * 2032, "resnet11
 
 
 def _ran(model, spec):
-    """Whether a finished "after" run of `spec` on `model` is committed."""
-    path = _path(breakdown_file("after", model, spec))
+    """Whether a finished IN_PUSH run of `spec` on `model` is committed."""
+    path = _path(breakdown_file(IN_PUSH, model, spec))
     return os.path.exists(path) and any(line.startswith("{") for line in open(path))
 
 
@@ -602,7 +605,7 @@ def wire_table():
         for spec in WIRE_SPECS:
             if not _ran(model, spec):
                 continue
-            ours = breakdown("after", model, spec)
+            ours = breakdown(IN_PUSH, model, spec)
             cells = []
             for baseline in ("none", "fp16"):
                 if spec in ("none", "fp16") or not _ran(model, baseline):
@@ -624,11 +627,11 @@ def payload_table():
     for model in ("resnet20", "resnet56", "resnet110"):
         if not _ran(model, "none"):
             continue
-        fp32 = breakdown("after", model, "none")
+        fp32 = breakdown(IN_PUSH, model, "none")
         for spec in WIRE_SPECS[2:]:
             if not _ran(model, spec):
                 continue
-            ours = breakdown("after", model, spec)
+            ours = breakdown(IN_PUSH, model, spec)
             push = ours["push"][0] - ours["push"][1] - STATISTICS_BYTES[model]
             pull = ours["pull"][0] - ours["pull"][1]
             lines.append(f"| {model} | `{spec}` | {_x(fp32['push'][0] / push)} "
@@ -638,8 +641,8 @@ def payload_table():
 
 # --- the entropy coder -------------------------------------------------------------------
 
-ENTROPY_RAW = "benchmarks/data/entropy_coder.json"
-ENTROPY_RECORDED = "benchmarks/recorded/entropy_coder.csv"
+ENTROPY_RAW = "results/entropy_coder/entropy_coder.json"
+ENTROPY_RECORDED = "results/recorded/entropy_coder.csv"
 
 
 def entropy_ratios():
@@ -674,7 +677,7 @@ def entropy_headlines():
     return heads
 
 
-CODEC_DEMO = "benchmarks/data/codec_demo.csv"
+CODEC_DEMO = "results/codec_demo/codec_demo.csv"
 
 
 def codec_demo_headline():
@@ -685,7 +688,7 @@ def codec_demo_headline():
                     f"{float(ours['feedback_error']):.3f}", [CODEC_DEMO], True)
 
 
-BENCH_CODECS = "benchmarks/data/bench_codecs.json"
+BENCH_CODECS = "results/codec_speed/every_codec_wall_time.json"
 
 
 def bench_codecs_headline():
@@ -696,7 +699,7 @@ def bench_codecs_headline():
                     f"(probe {data['probe_gbps']:.2f} GB/s)", [BENCH_CODECS], True)
 
 
-CODEC_SPEED = "benchmarks/data/codec_speed/run{}.json"
+CODEC_SPEED = "results/codec_speed/run{}.json"
 CODEC_SPEED_RUNS = 5
 
 
@@ -743,12 +746,12 @@ def codec_speed_table():
 
 # --- raw outputs of the studies -----------------------------------------------------------
 
-PULL_LAG = "benchmarks/pull_lag.json"
-FASTSGD_KEYS = "benchmarks/data/fastsgd_keys_reuters_corn.json"
-FASTSGD_PS = "benchmarks/recorded/fastsgd_ps.csv"
-MQGRAD = "benchmarks/mqgrad_measured"
-GRADIVEQ = "benchmarks/gradiveq_2000"
-FUZZ = "benchmarks/recorded/fuzz.csv"
+PULL_LAG = "results/pull_lag/resnet20_400_steps.json"
+FASTSGD_KEYS = "results/fastsgd_keys/reuters_corn.json"
+FASTSGD_PS = "results/recorded/fastsgd_ps.csv"
+MQGRAD = "results/mqgrad/measured_10mbit"
+GRADIVEQ = "results/gradiveq/2000_steps"
+FUZZ = "results/recorded/fuzz.csv"
 
 
 def pull_lag_headline():
@@ -833,7 +836,7 @@ def fuzz_headline():
                     f"{crashes} crashes", [FUZZ], False)
 
 
-ROUND_TRIPS = "benchmarks/data/round_trips/results.json"
+ROUND_TRIPS = "results/round_trips/results.json"
 # Round trips a step may pay: synchronous compressed steps, and local steps (per H).
 ROUND_TRIPS_TARGET, ROUND_TRIPS_PER_H_TARGET = 1.5, 1.5
 ROUND_TRIPS_NAMES = {"fp32": "fp32", "threelc": "ThreeLC", "threelc-h4": "H=4",
@@ -870,7 +873,7 @@ def round_trips_headlines():
     return heads
 
 
-TIME_TO_ACCURACY = "benchmarks/data/time_to_accuracy/ps_100mbit_20ms_rtt.json"
+TIME_TO_ACCURACY = "results/time_to_accuracy/ps_100mbit_20ms_rtt.json"
 
 
 def time_to_accuracy_headline():

@@ -2,7 +2,7 @@
 
     python -m tfgc.cluster.private python benchmarks/local_steps.py
     python -m tfgc.cluster.private python benchmarks/local_steps.py --steps 600 \\
-        --out benchmarks/data/local_steps_mwms.json
+        --out results/local_steps/mwms_loopback.json
 
 Each configuration is one `python -m models.train --strategy mwms --workers 2` run
 (two worker processes of a `tfgc.cluster.LocalCluster` on loopback, tf_keras `fit`,

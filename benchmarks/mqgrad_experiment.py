@@ -25,7 +25,7 @@ spec, reported under the spec. `--replicate K` shuffles the data with seed + K: 
 replicate of a fixed width, compared with the fixed widths, shows how often a method
 exactly as good as one of them misses a bound.
 
-    python benchmarks/mqgrad_experiment.py                 # writes benchmarks/mqgrad_*.{json,png}
+    python benchmarks/mqgrad_experiment.py                 # writes results/mqgrad/mqgrad_experiment.*
     python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
     python benchmarks/mqgrad_experiment.py --budget-s 200 --seeds 0 \
         --methods "Fix(4)" MQGrad MQGrad:initial_bits=4 --loss-targets 0.6
@@ -57,7 +57,8 @@ from tfgc.wire.message import fused_nbytes
 
 METHODS = ("Fix(2)", "Fix(4)", "Fix(8)", "Adaptive", "MQGrad")
 FIXED_BITS = re.compile(r"Fix\([2-8]\)")  # any fixed width, e.g. Fix(3), beside the paper's
-HERE = os.path.dirname(os.path.abspath(__file__))
+RECORDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "results", "mqgrad", "mqgrad_experiment")
 # Measured runs: how long past the time budget the cluster's servers may live (start,
 # the first step's tracing, the test).
 CLUSTER_SLACK_S = 600
@@ -543,7 +544,7 @@ def main(argv=None):
     parser.add_argument("--pull-compression", default="threelc:sparsity=1.0",
                         help="with --link: the pulls' codec (every run pulls the same way)")
     parser.add_argument("--out", help="path prefix of the .json and .png written (default: "
-                        "benchmarks/mqgrad_experiment; with --combine: ./mqgrad_combined, so "
+                        "results/mqgrad/mqgrad_experiment; with --combine: ./mqgrad_combined, so "
                         "that joining a few runs does not replace the recorded plot)")
     parser.add_argument("--combine", nargs="+", metavar="JSON",
                         help="no training: plot and summarize the runs saved in these files")
@@ -575,7 +576,7 @@ def main(argv=None):
             data_lib.prefetch(args.dataset)
         cluster_lib.isolate()
     if args.out is None:
-        args.out = "mqgrad_combined" if args.combine else os.path.join(HERE, "mqgrad_experiment")
+        args.out = "mqgrad_combined" if args.combine else RECORDED
     if args.combine:
         results = []
         for path in args.combine:

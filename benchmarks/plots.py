@@ -1,4 +1,4 @@
-"""Draws the plots of docs/results/ from the raw output committed in benchmarks/.
+"""Draws the plots of docs/results/ from the raw output committed in results/.
 
     python -m benchmarks.plots [--out DIR]
 
@@ -15,10 +15,12 @@ import sys
 
 import numpy as np
 
-from benchmarks import headlines
+from benchmarks.series import ema
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PLOTS = os.path.join(os.path.dirname(HERE), "docs", "results", "plots")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLOTS = os.path.join(ROOT, "docs", "results", "plots")
+MQGRAD = os.path.join(ROOT, "results", "mqgrad", "measured_10mbit")
+GRADIVEQ = os.path.join(ROOT, "results", "gradiveq")
 
 
 def _pyplot():
@@ -38,7 +40,7 @@ def _runs_on_grid(runs, grid):
         bad = np.nonzero(~np.isfinite(losses) | (losses < 0) | (losses > 1e6))[0]
         if bad.size:
             losses[bad[0]:] = np.nan
-        values = np.interp(grid, run["time_s"], headlines._ema(losses))
+        values = np.interp(grid, run["time_s"], ema(losses))
         values[grid > run["time_s"][-1]] = np.nan
         curves.append(values)
     return np.array(curves)
@@ -48,7 +50,7 @@ def mqgrad_measured(out):
     """Loss against measured time on a 10 Mbit/s link (median of the seeds), and the bits
     MQGrad and Adaptive sent over time in the first seed."""
     plt = _pyplot()
-    files = sorted(glob.glob(os.path.join(HERE, "mqgrad_measured", "*.json")))
+    files = sorted(glob.glob(os.path.join(MQGRAD, "*.json")))
     runs = [r for f in files for r in json.load(open(f))["results"]]
     budget = json.load(open(files[0]))["args"]["budget_s"]
     methods = list(dict.fromkeys(sorted((r["method"] for r in runs), key=_method_order)))
@@ -143,15 +145,16 @@ def main(argv=None):
     def target(name):
         return os.path.join(args.out, name)
 
+    study = os.path.join(GRADIVEQ, "500_steps", "gradiveq_study.json")
     written = [
         mqgrad_measured(args.out),
-        gradiveq_loss(os.path.join(HERE, "gradiveq_study.json"), target("gradiveq_loss.png"),
+        gradiveq_loss(study, target("gradiveq_loss.png"),
                       "ResNet-20, 500 steps, GradiVeQ with the paper's settings (seed 0)"),
-        gradiveq_figure5(os.path.join(HERE, "gradiveq_study.json"), target("gradiveq_fig5.png")),
-        gradiveq_loss(os.path.join(HERE, "gradiveq_2000", "paper_s0.json"),
+        gradiveq_figure5(study, target("gradiveq_fig5.png")),
+        gradiveq_loss(os.path.join(GRADIVEQ, "2000_steps", "paper_s0.json"),
                       target("gradiveq_2000_loss_paper_s0.png"),
                       "ResNet-20, 2,000 steps, the paper's settings (L_c = 400, seed 0)"),
-        gradiveq_loss(os.path.join(HERE, "gradiveq_2000", "uncentred_lc100_s2.json"),
+        gradiveq_loss(os.path.join(GRADIVEQ, "2000_steps", "uncentred_lc100_s2.json"),
                       target("gradiveq_2000_loss_uncentred_lc100_s2.png"),
                       "ResNet-20, 2,000 steps, without the mean, L_c = 100 (seed 2)"),
     ]

@@ -12,7 +12,7 @@ intercept is the step at zero RTT. Local steps divide by nothing: a step of H=16
 sixteenth of a meeting plus one inner step, so the slope is per step, as measured.
 
 Raw output (every run's summary fields used here) goes to
-`benchmarks/data/round_trips/results.json`; `docs/results/round-trips.md` is made from
+`results/round_trips/results.json`; `docs/results/round-trips.md` is made from
 it by `python -m benchmarks.round_trips --report`.
 """
 import argparse
@@ -25,8 +25,8 @@ import time
 
 from benchmarks.link_configs import CONFIGS, train_args
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "data", "round_trips", "results.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "results", "round_trips", "results.json")
 
 KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "final_train_loss", "command")

@@ -2,7 +2,7 @@
 
     python -m tfgc.cluster.private python -m benchmarks.sparse_embeddings
     python -m tfgc.cluster.private python -m benchmarks.sparse_embeddings --steps 40 \\
-        --out benchmarks/data/sparse_embeddings/token_regressor.json
+        --out results/sparse_embeddings/token_regressor.json
 
 A tf_keras model with an `Embedding(50000, 64)` (batches of 64 x 20 Zipf-distributed
 token ids, mean-pooled, one dense output: `models.recommender.token_model`) trains with

@@ -3,7 +3,7 @@
     python -m benchmarks.time_to_accuracy --strategy ps --links 10mbit/25ms
     python -m benchmarks.time_to_accuracy --strategy mwms --links 100mbit/10ms,1mbit/50ms \
         --configs fp32,bf16,threelc,powersgd --seeds 0,1,2
-    python -m benchmarks.time_to_accuracy --report benchmarks/data/time_to_accuracy/ps.json
+    python -m benchmarks.time_to_accuracy --report results/time_to_accuracy/ps_10mbit_50ms_rtt.json
 
 Every run is `models.train` (ResNet-20 on --dataset, 1 PS + 2 workers or 2 MWMS
 workers) with `--eval-every`: the held-out test set is evaluated every few Keras epochs,
@@ -24,17 +24,20 @@ by side) and link floor (the busiest link's bytes per step / its rate + the roun
 no implementation avoids x RTT). "Share of the floor" = the larger floor / the measured
 step time, never above 100% unless a floor was wrong.
 
-Raw output goes to --out (JSON); --report prints its tables.
+Raw output goes to --out (JSON; by default results/time_to_accuracy/, named by the strategy
+and each emulated link, e.g. ps_10mbit_50ms_rtt.json); --report prints its tables.
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(os.path.dirname(HERE), "results", "time_to_accuracy")
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.link_configs import CONFIGS, local_steps, train_args  # noqa: E402
@@ -206,6 +209,23 @@ def report(results):
     return "\n".join(out)
 
 
+def default_out(strategy, links):
+    """The raw output's path without --out: results/time_to_accuracy/, named by the
+    strategy and each emulated link's rate and round-trip time (its one-way delay twice),
+    e.g. ps_10mbit_50ms_rtt.json for `--strategy ps --links 10mbit/25ms`."""
+    parts = [strategy]
+    for link in links:
+        if link == "loopback":
+            continue
+        rate, _, rest = link.partition("/")
+        delay = rest.split("/")[0]
+        parts.append(rate or "unshaped")
+        if delay:
+            match = re.fullmatch(r"([\d.]+)(us|ms|s)", delay.strip().lower())
+            parts.append(f"{2 * float(match[1]):g}{match[2]}_rtt" if match else delay)
+    return os.path.join(RESULTS, "_".join(parts) + ".json")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", choices=("ps", "mwms"), default="ps")
@@ -252,7 +272,7 @@ def main(argv=None):
     if any(c not in configs for c in estimated):
         parser.error("--estimate names configurations of --configs only")
     links = ["loopback"] + [link for link in args.links.split(",") if link]
-    out = args.out or os.path.join(HERE, "data", "time_to_accuracy", f"{args.strategy}.json")
+    out = args.out or default_out(args.strategy, links)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     results = {"strategy": args.strategy, "workers": args.workers, "links": links,

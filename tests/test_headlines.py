@@ -1,5 +1,7 @@
 """docs/results/index.md shows what `python -m benchmarks.headlines` derives from the
-committed data, headline for headline, and every page's data files exist."""
+committed data, headline for headline, every page's data files exist, and results/README.md
+indexes every folder of raw output."""
+import glob
 import os
 import re
 import subprocess
@@ -45,7 +47,7 @@ def test_pages_name_data_and_plots_that_exist():
             continue
         with open(os.path.join(RESULTS, name)) as f:
             text = f.read()
-        for path in re.findall(r"`(benchmarks/(?:data|recorded)/[\w./-]+)`", text):
+        for path in re.findall(r"`(results/[\w./-]+)`", text):
             if not os.path.exists(os.path.join(ROOT, path)):
                 missing.append(f"{name}: {path}")
         for path in re.findall(r"\]\((plots/[\w.-]+\.png)\)", text):
@@ -79,3 +81,23 @@ def test_readme_headlines_come_from_raw_output():
     assert len(shown) >= 10, shown
     unknown = [n for n in shown if not any(_matches(n, value) for value in numbers)]
     assert not unknown, f"README headline numbers no raw headline derives: {unknown}"
+
+
+def test_the_results_index_covers_every_folder_and_names_what_exists():
+    folder = os.path.join(ROOT, "results")
+    with open(os.path.join(folder, "README.md")) as f:
+        text = f.read()
+    # One section per topic folder, each a table whose first column names its entries
+    # (`seedS` stands for every seed).
+    parts = re.split(r"^## `([\w.-]+)/`$", text, flags=re.M)
+    sections = dict(zip(parts[1::2], parts[2::2]))
+    assert sorted(sections) == sorted(
+        name for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name)))
+    missing = []
+    for section, body in sections.items():
+        for first in re.findall(r"^\| (`[^|]+) \|", body, flags=re.M):
+            for name in re.findall(r"`([\w./-]+)`", first):
+                pattern = os.path.join(folder, section, name.replace("seedS", "seed[0-9]"))
+                if not glob.glob(pattern):
+                    missing.append(f"{section}/{name}")
+    assert not missing, missing

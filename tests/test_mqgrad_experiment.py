@@ -176,7 +176,7 @@ def test_combining_runs_writes_beside_them_not_over_the_recorded_plot(tmp_path, 
     saved.write_text(json.dumps({
         "dataset": "made up", "results": [run],
         "args": {"budget_s": 20.0, "bandwidth": 1e7, "compute_ms": 30.0}}))
-    recorded = os.path.join(REPO, "benchmarks", "mqgrad_experiment.png")
+    recorded = experiment.RECORDED + ".png"
 
     def stamp():
         return os.stat(recorded).st_mtime_ns if os.path.exists(recorded) else None

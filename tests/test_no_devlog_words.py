@@ -42,7 +42,7 @@ PATTERNS = [
 # Third-party text, kept verbatim.
 THIRD_PARTY = {"LICENSE"}
 # Raw output the benchmarks wrote (numbers and the arguments they ran with).
-RAW_OUTPUT = re.compile(r"^benchmarks/.*\.jsonl?$")
+RAW_OUTPUT = re.compile(r"^results/.*\.jsonl?$")
 # This file names the patterns it looks for.
 SELF = os.path.relpath(os.path.abspath(__file__), ROOT)
 

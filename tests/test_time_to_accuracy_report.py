@@ -5,8 +5,8 @@ import os
 
 from benchmarks import time_to_accuracy
 
-RAW = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "data",
-                   "time_to_accuracy", "ps_100mbit_20ms_rtt.json")
+RAW = os.path.join(os.path.dirname(__file__), os.pardir, "results", "time_to_accuracy",
+                   "ps_100mbit_20ms_rtt.json")
 
 
 def _results():
@@ -52,3 +52,11 @@ def test_the_floors_are_never_beaten_by_the_committed_runs():
     time_to_accuracy.summarize(results)
     for row in results["rows"]:
         assert 0 < row["share_of_floor"] <= 1, (row["link"], row["config"])
+
+
+def test_a_run_without_out_is_named_by_its_strategy_and_links():
+    # The committed run's name, and the others' beside it in the same flat folder.
+    assert os.path.samefile(time_to_accuracy.default_out("ps", ["loopback", "100mbit/10ms"]),
+                            RAW)
+    assert os.path.basename(time_to_accuracy.default_out("ps", ["loopback", "10mbit/25ms"])) \
+        == "ps_10mbit_50ms_rtt.json"

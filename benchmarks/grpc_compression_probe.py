@@ -7,9 +7,10 @@ the chief's server definition). A step reads 40 variables of zeros (64x64 float3
 compressible as bytes get) from the server and writes them back; the kernel's socket
 counters give what the chief sent per call and what the worker sent per step.
 
-    python -m tfgc.cluster.private python benchmarks/data/local_steps/grpc_compression/probe.py ALGORITHM [LEVEL]
+    python -m tfgc.cluster.private python -m benchmarks.grpc_compression_probe ALGORITHM [LEVEL]
 
-ALGORITHM: "" (none), "deflate" or "gzip". Prints one JSON line.
+ALGORITHM: "" (none), "deflate" or "gzip". Prints one JSON line; the lines of the three
+are results/local_steps/grpc_compression/results.jsonl.
 """
 import json
 import os

@@ -3,17 +3,18 @@ moments, on its cache of the model) and every worker's step is applied to the ma
 in full (`tfgc.OuterSGD(learning_rate=W, momentum=0)`, `local_steps=1`).
 
 That is the parameter servers' Adam without local steps, but with moments per worker,
-which `models.train` cannot express (with `--local-steps 1` it has no meetings). Run as
-one attempt of `models.train` (`--_attempt`: in this process, without the supervisor
-that would start a fresh one):
+which `models.train` cannot express (with `--local-steps 1` it has no meetings). It
+trains in this process, without the supervisor that would start a fresh one
+(`--_attempt`); raw output: results/local_steps/ps_adam_isolated/every_step_seedS.json.
 
-    python -m tfgc.cluster.private python every_step_probe.py <models.train arguments> --_attempt
+    python -m tfgc.cluster.private python -m benchmarks.adam_every_step_probe \
+        <models.train arguments> --_attempt
 """
 import sys
 
 import tfgc
 from models import train
-from tfgc.optimizer import local_steps_ps
+from tfgc.ps import local_steps as local_steps_ps
 
 
 def every_step_in_full(args):
