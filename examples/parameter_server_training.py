@@ -41,13 +41,14 @@ def main(argv=None):
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10).repeat()
         dataset = dataset.batch(global_batch_size).prefetch(2)
 
+        servers = tfgc.ParameterServers(tfgc.codecs.ThreeLC(1.0), min_elements=1)  # tfgc
         with strategy.scope():
-            with tfgc.compressed_pulls():  # tfgc: workers pull compressed model deltas
+            with servers.scope():  # tfgc: workers pull compressed model deltas
                 model = keras.models.Sequential([keras.layers.Dense(10)])
                 model.build((None, 10))  # tfgc: the weights, made in this scope
             optimizer = tfgc.DistributedOptimizer(  # tfgc
                 keras.optimizers.SGD(learning_rate=0.1),
-                compression=tfgc.codecs.ThreeLC(1.0), pull_compression=tfgc.codecs.ThreeLC(1.0),
+                compression=tfgc.codecs.ThreeLC(1.0), parameter_servers=servers,
                 min_elements=1)  # tfgc: this toy model's tensors are tiny
             model.compile(optimizer, loss="mse", steps_per_execution=10)
         tfgc.build_for_fit(model, dataset)  # tfgc: fit traces its step once, and sends it once

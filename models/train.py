@@ -88,9 +88,9 @@ from models.train_args import (
 _ACTIVE_CLUSTERS = []  # LocalClusters left running until main() ends
 
 
-def make_optimizer(args, workload, replicas, codec, pull_codec=None):
+def make_optimizer(args, workload, replicas, codec, servers=None):
     """The workload's optimizer (its learning rate scaled by `replicas`), wrapped in a
-    tfgc.DistributedOptimizer."""
+    tfgc.DistributedOptimizer (handed `servers`, a tfgc.ParameterServers, if any)."""
     import tfgc
 
     inner = workload.inner_optimizer(args.lr * replicas, args.steps)
@@ -101,12 +101,28 @@ def make_optimizer(args, workload, replicas, codec, pull_codec=None):
     if uncompressed:
         feedback = False
     return tfgc.DistributedOptimizer(
-        inner, compression=codec, pull_compression=pull_codec, min_elements=args.min_elements,
-        error_feedback=feedback,
-        # The fp32 baseline sends everything in fp32, its small tensors too.
-        small_compression=None if uncompressed else "float16",
-        local_steps=args.local_steps, outer_optimizer=outer_optimizer(args),
+        inner, compression=codec, min_elements=args.min_elements, error_feedback=feedback,
+        small_compression=_small_compression(codec), local_steps=args.local_steps,
+        outer_optimizer=outer_optimizer(args), parameter_servers=servers,
     )
+
+
+def _small_compression(codec):
+    """The fp32 baseline sends everything in fp32, its small tensors too."""
+    import tfgc
+
+    return None if isinstance(codec, tfgc.codecs.NoCompression) else "float16"
+
+
+def parameter_servers(args, codec, pull_codec):
+    """The tfgc.ParameterServers of --pull-compression (the push codec `codec` decides
+    the small tensors' codec, as for pushes), or None without compressed pulls."""
+    import tfgc
+
+    if pull_codec is None:
+        return None
+    return tfgc.ParameterServers(pull_codec, small_compression=_small_compression(codec),
+                                 min_elements=args.min_elements, local_steps=args.local_steps)
 
 
 def outer_optimizer(args):
@@ -286,13 +302,12 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
             # parameter server, where every worker reads it at its next step.
             codec = parse_compression(args.compression)
         in_loss = args.weight_decay_mode == "loss"
-        # Weights created under compressed_pulls are read on workers from caches that
-        # the parameter servers update with compressed deltas (3LC's pulls).
-        pulls = (tfgc.compressed_pulls() if pull_codec is not None
-                 else contextlib.nullcontext())
-        with pulls:
+        # Weights created in the servers' scope are read on workers from caches that the
+        # parameter servers update with compressed deltas (3LC's pulls).
+        servers = parameter_servers(args, codec, pull_codec)
+        with servers.scope() if servers is not None else contextlib.nullcontext():
             model = workload.build_model(args.weight_decay if in_loss else 0.0)
-        optimizer = make_optimizer(args, workload, lr_scale, codec, pull_codec)
+        optimizer = make_optimizer(args, workload, lr_scale, codec, servers)
         if not in_loss and args.weight_decay:
             # Decoupled decay, applied where the variable lives, on kernels only (as the
             # L2 term); no gradient term, so nothing extra is pulled or compressed.

@@ -261,3 +261,89 @@ def test_checkpoint_holds_the_master(tmp_path):
     w = tf.Variable(tf.zeros([8, 8]))
     tf.train.Checkpoint(v=w).read(str(tmp_path / "ckpt")).assert_consumed()
     np.testing.assert_array_equal(w.numpy(), np.ones([8, 8]))
+
+
+def _fit_and_counted(model, opt, epochs=2):
+    x, y = _digits()
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=32, epochs=epochs, verbose=0)
+    return history, {k: int(v.numpy()) for k, v in opt.traffic.items()}
+
+
+@pytest.mark.parametrize("optimizer_first", [False, True])
+def test_parameter_servers_own_the_pulls_whatever_is_made_first(optimizer_first, recwarn):
+    servers = tfgc.ParameterServers(pull_compression=C.ThreeLC(1.0))
+
+    def optimizer():
+        return tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                         compression=C.ThreeLC(1.0), parameter_servers=servers)
+    opt = optimizer() if optimizer_first else None
+    with servers.scope() as pulls:
+        model = _model()
+    opt = opt or optimizer()
+    history, traffic = _fit_and_counted(model, opt)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert pulls.codecs is servers.pull_codecs and servers.owners == [pulls]
+    pulled = [v for v in model.trainable_variables if isinstance(v, PulledVariable)]
+    assert len(pulled) == 4 and all(v.pull_codec is not None for v in pulled)
+    steps = int(opt.iterations.numpy())
+    assert traffic["pull_dense_bytes"] == steps * sum(v.shape.num_elements() * 4 for v in pulled)
+    assert 0 < traffic["pull_bytes"] < traffic["pull_dense_bytes"] / 8
+    # Nothing was inferred: no deprecation of the inferring path.
+    assert not [w for w in recwarn if w.category is DeprecationWarning]
+
+
+def test_parameter_servers_without_a_pull_codec_read_the_masters(recwarn):
+    servers = tfgc.ParameterServers()
+    with servers.scope():
+        model = _model()
+    # An optimizer made under the same (no) strategy with pull_compression is not asked.
+    bystander = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                          compression=C.NoCompression(),
+                                          pull_compression=C.Int8())
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                    parameter_servers=servers)
+    _, traffic = _fit_and_counted(model, opt, epochs=1)
+    assert traffic["pull_bytes"] == 0
+    assert all(v.pull_codec is None for v in model.trainable_variables
+               if isinstance(v, PulledVariable))
+    assert bystander.pull_compression is not None  # alive until here: a candidate
+    assert not [w for w in recwarn if w.category is DeprecationWarning]
+
+
+def test_the_optimizer_must_be_handed_the_servers_that_own_its_model():
+    servers = tfgc.ParameterServers(pull_compression=C.ThreeLC(1.0))
+    with servers.scope():
+        model = _model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                    parameter_servers=tfgc.ParameterServers(C.ThreeLC(1.0)))
+    with pytest.raises(ValueError, match="hand the same object to the optimizer"):
+        opt.build(model.trainable_variables)
+
+
+def test_parameter_servers_arguments_are_checked():
+    servers = tfgc.ParameterServers(pull_compression=C.ThreeLC(1.0), local_steps=4)
+    with pytest.raises(ValueError, match="give both the same local_steps"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                  parameter_servers=servers)
+    with pytest.raises(ValueError, match="ParameterServers\\(pull_compression=...\\) only"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                  pull_compression=C.Int8(),
+                                  parameter_servers=tfgc.ParameterServers(C.ThreeLC(1.0)))
+    with pytest.raises(TypeError, match="takes a tfgc codec"):
+        tfgc.ParameterServers(pull_compression="threelc")
+    with pytest.raises(ValueError, match="local_steps must be at least 1"):
+        tfgc.ParameterServers(local_steps=0)
+    with pytest.raises(TypeError, match="takes a tfgc.ParameterServers"):
+        tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                  parameter_servers=C.ThreeLC(1.0))
+
+
+def test_a_scope_without_a_codec_that_takes_an_optimizer_s_is_deprecated():
+    with tfgc.compressed_pulls():
+        model = _model()
+    opt = tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
+                                    pull_compression=C.ThreeLC(1.0))
+    with pytest.warns(DeprecationWarning, match="tfgc.ParameterServers"):
+        opt.build(model.trainable_variables)

@@ -18,6 +18,7 @@ from tfgc.ps.moving_statistics import batch_norm_on_server
 from tfgc.trainer import fit_across_workers, fit_on_parameter_servers
 from tfgc.prebuild import build_for_fit
 from tfgc.ps.pulls import compressed_pulls, get_variable
+from tfgc.ps.servers import ParameterServers
 
 _moved.install()  # the old paths of moved modules, for one release
 # Saved models compiled with a DistributedOptimizer load wherever tfgc is imported.
@@ -26,7 +27,7 @@ register_keras_optimizers()
 
 __all__ = [
     "callbacks", "codecs", "ErrorFeedback", "ResidualFeedback", "DistributedOptimizer",
-    "get_variable", "compressed_pulls", "batch_norm_on_server", "recompute_statistics",
+    "ParameterServers", "get_variable", "compressed_pulls", "batch_norm_on_server", "recompute_statistics",
     "fit_on_parameter_servers", "fit_across_workers", "build_for_fit",
     "BoundedAdam", "CompressedEmbedding", "OuterSGD", "cluster", "mqgrad",
 ]

@@ -56,6 +56,7 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
     local_steps: int = 1,
     outer_optimizer: Optional[OuterSGD] = None,
     sparse_error_feedback: bool = False,
+    parameter_servers: Optional[Any] = None,
 ) -> Any:
     """Returns a copy of `optimizer` that compresses the gradients it applies.
 
@@ -81,11 +82,9 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         optimizer for single-process and all-reduce training (see
         tfgc.optimizer.keras3).
       compression: a `tfgc.codecs.Codec` for gradients.
-      pull_compression: a codec for model pulls from parameter servers (3LC): the
-        variables created by `tfgc.get_variable` or under `tfgc.compressed_pulls()`
-        are read on workers from caches updated by compressed deltas (see
-        tfgc.ps.variables). The pulls start at the first step, or at `build` where two
-        optimizers with pull_compression share a strategy.
+      pull_compression: deprecated in favour of `parameter_servers`: a codec for the
+        pulls of the variables made under a `tfgc.compressed_pulls()` scope that names
+        no codec of its own (see tfgc.ps.pulls).
       min_elements: variables with fewer elements are not compressed by
         `compression` (3LC's rule): they go with `small_compression`.
       error_feedback: keep each compressed variable's residual (3LC's error
@@ -113,6 +112,10 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         `compression` (`tfgc.codecs.rows`): never more than plain TensorFlow sends.
         True keeps a residual of the whole table on every worker (a warning says its
         size) and sends the gradients densified.
+      parameter_servers: the `tfgc.ParameterServers` whose scope made the model's
+        variables (under ParameterServerStrategy): their pulls' settings and local
+        steps, which this optimizer takes (`local_steps` must be the servers'). It
+        counts their pull bytes.
 
     Raises:
       TypeError: `optimizer` is not a Keras optimizer or `compression` not a codec.
@@ -136,7 +139,8 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
             optimizer.inner_optimizer, compression, pull_compression=pull_compression,
             min_elements=min_elements, error_feedback=error_feedback,
             small_compression=small_compression, bucket_bytes=bucket_bytes,
-            sparse_error_feedback=sparse_error_feedback))
+            sparse_error_feedback=sparse_error_feedback,
+            parameter_servers=parameter_servers))
     try:
         import tf_keras  # only tf_keras users need it installed
     except ImportError:
@@ -178,5 +182,6 @@ def DistributedOptimizer(  # noqa: N802 (reads as a class at call sites, like Ho
         small_compression=small_compression, bucket_bytes=bucket_bytes,
         local_steps=local_steps, outer_optimizer=outer_optimizer,
         sparse_error_feedback=bool(sparse_error_feedback),
+        parameter_servers=parameter_servers,
     )
     return make_class(type(optimizer)).from_config(config)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfgc import _compat, codecs, memory
 from tfgc.ps import pulls
+from tfgc.ps.servers import ParameterServers
 from tfgc.distribute import (
     DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable, require_ops_on, worker_devices,
     zeros_of,
@@ -42,6 +43,25 @@ def compressing_subclass(mixin: type["CompressingBase"], optimizer_class: type[A
     return cache[optimizer_class]
 
 
+def _checked_servers(servers, pull_compression, local_steps):
+    """`servers` (a `ParameterServers` or None), checked against the optimizer's other
+    arguments."""
+    if servers is None:
+        return None
+    if not isinstance(servers, ParameterServers):
+        raise TypeError("parameter_servers takes a tfgc.ParameterServers, got "
+                        f"{type(servers).__name__}")
+    if pull_compression is not None:
+        raise ValueError(
+            "pass the pull codec to ParameterServers(pull_compression=...) only: the "
+            "optimizer takes its pull settings from parameter_servers")
+    if servers.local_steps != local_steps:
+        raise ValueError(
+            f"{servers!r} pulls every {servers.local_steps} step(s) and the optimizer takes "
+            f"local_steps={local_steps}: give both the same local_steps")
+    return servers
+
+
 class CompressingBase:
     """What tfgc's optimizer subclasses share, whichever Keras they extend: the
     compression arguments and config, and the build of the encoder's codecs and
@@ -65,8 +85,14 @@ class CompressingBase:
                                           None] = DEFAULT_SMALL_COMPRESSION,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, local_steps: int = 1,
                  outer_optimizer: Union[OuterSGD, dict[str, Any], None] = None,
-                 sparse_error_feedback: bool = False, **kwargs: Any) -> None:
+                 sparse_error_feedback: bool = False,
+                 parameter_servers: Optional[ParameterServers] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.parameter_servers = _checked_servers(parameter_servers, pull_compression,
+                                                  local_steps)
+        if parameter_servers is not None and parameter_servers.pull_codecs is not None:
+            # Saved in the config as the codec it is; a reloaded optimizer has no servers.
+            pull_compression = parameter_servers.pull_codecs.compression
         self._init_compression(compression, pull_compression, min_elements, error_feedback,
                                small_compression, bucket_bytes, sparse_error_feedback)
         self.local_steps = check_local_steps(local_steps)
@@ -134,7 +160,7 @@ class CompressingBase:
         self._counters = None
         self._saw_pulled = False  # whether it was given a PulledVariable
         self._pull_owners = set()  # the CompressedPulls whose pulls it counts
-        if pull_compression is not None:
+        if pull_compression is not None and self.parameter_servers is None:
             pulls.offer(self)
 
     @property
@@ -218,6 +244,8 @@ class CompressingBase:
     def pull_codecs(self) -> Optional[pulls.PullCodecs]:
         """How this optimizer pulls a model (a `tfgc.ps.pulls.PullCodecs`), or None
         without `pull_compression`."""
+        if self.parameter_servers is not None:
+            return self.parameter_servers.pull_codecs
         if self.pull_compression is None:
             return None
         return pulls.PullCodecs(

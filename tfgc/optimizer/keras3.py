@@ -69,7 +69,9 @@ class _Keras3Mixin(CompressingBase):
 
     def __init__(self, *args, pull_compression=None, **kwargs):
         kwargs.pop(_LOADING_NOTE, None)
-        if pull_compression is not None:
+        servers = kwargs.get("parameter_servers")
+        if pull_compression is not None or (servers is not None
+                                            and servers.pull_codecs is not None):
             raise NotImplementedError(
                 "pull_compression with Keras 3: compressed pulls wrap the tf.Variables a "
                 "model creates under tfgc.compressed_pulls(), and Keras 3 variables are "

@@ -224,15 +224,16 @@ class ServerMeetings:
                 raise ValueError(
                     f"local_steps under ParameterServerStrategy trains each worker's copy of "
                     f"the model, its caches of compressed pulls; {variable.name} has none: "
-                    "make the model inside tfgc.compressed_pulls() (with min_elements=0, "
-                    "the default)")
+                    "make the model inside `servers.scope()` of the tfgc.ParameterServers "
+                    "handed to the optimizer (with min_elements=0, the default)")
             codecs = variable.owner.codecs
             if codecs is None or codecs.local_steps != optimizer.local_steps:
                 raise ValueError(
                     f"{variable.name} is pulled every {1 if codecs is None else codecs.local_steps}"
                     f" step(s), but the optimizer takes local_steps={optimizer.local_steps}: "
-                    "give the codec of the pulls to the optimizer (pull_compression=...), "
-                    "not to compressed_pulls(), so that its pulls follow its local steps")
+                    "make the model in the scope of tfgc.ParameterServers(..., local_steps="
+                    f"{optimizer.local_steps}) and hand it to the optimizer "
+                    "(parameter_servers=...), so that its pulls follow its local steps")
         self.optimizer = optimizer
         self.variables = list(variables)
         self.masters = [v.master for v in self.variables]

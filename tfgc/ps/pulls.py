@@ -8,23 +8,19 @@ carry. A step's pull reads straight down:
     PulledVariable read -> CompressedPulls.pull_in -> tfgc.ps.pull.ParameterServerPull
         -> codecs -> ops; the bytes it sent come back as a value -> TrafficCounters
 
-Which codec pulls them is decided once, when the pulls start (at the first traced
-read, or when an optimizer is built with the variables, whichever comes first):
+Which codec pulls them is known when the owner is made, where the owner is explicit:
 
-1. `compressed_pulls(compression=codec)`: that codec, with tfgc's default small-tensor
+1. `ParameterServers(...).scope()` (tfgc.ps.servers): the servers' pull settings,
+   local steps included; the optimizer is handed the same `ParameterServers`.
+2. `compressed_pulls(compression=codec)`: that codec, with tfgc's default small-tensor
    settings. No optimizer needs to know.
-2. The `DistributedOptimizer` built with the variables (`optimizer.build(...)`; Keras 3's
-   `fit` builds it before the first step): its `pull_compression`, `small_compression`
-   and `min_elements`.
-3. Otherwise (tf_keras's `fit` and custom loops read the model before the optimizer is
-   built): the pull settings of the unbuilt `DistributedOptimizer`s with
-   `pull_compression` made under the same strategy after the scope (or, if there is
-   none, before it), when they all agree. When they do not, the first step fails with an
-   error that names ways 1 and 2.
 
-Without any of these, the variables are read from their servers as they are (fp32).
-The optimizer that applies gradients to the variables counts their pull bytes (its
-`traffic`), whichever way their codec was chosen.
+A `compressed_pulls()` scope without a codec takes it from an optimizer, which is
+deprecated (it warns): the `DistributedOptimizer` built with the variables, or else the
+unbuilt ones with `pull_compression` made under the same strategy, when they agree.
+Without a codec from anywhere the variables are read from their servers as they are
+(fp32). The optimizer that applies gradients to the variables counts their pull bytes
+(its `traffic`), whichever way their codec was chosen.
 """
 import itertools
 import json
@@ -45,13 +41,14 @@ from tfgc.wire.encoder import (
 
 if TYPE_CHECKING:
     from tfgc.optimizer.base import CompressingBase
+    from tfgc.ps.servers import ParameterServers
     from tfgc.traffic import TrafficCounters
     from tfgc.ps.variables import PulledVariable
 
 _active = threading.local()  # the stack of CompressedPulls scopes entered in this thread
 # Per strategy, the DistributedOptimizers with pull_compression made under it, each with
-# when it was made (owners are numbered from the same count): the pull settings way 3 of
-# the module docstring reads.
+# when it was made (owners are numbered from the same count): the pull settings a
+# scope without a codec takes (deprecated, see the module docstring).
 _offers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # strategy -> WeakKeyDictionary(optimizer -> number)
 _made = itertools.count()
 
@@ -98,7 +95,7 @@ def default_pull_codecs(compression: base.Codec) -> PullCodecs:
 
 def offer(optimizer: "CompressingBase") -> None:
     """Lets the pulls that start under the current strategy without a codec of their own
-    use `optimizer.pull_codecs()` (way 3 of the module docstring)."""
+    use `optimizer.pull_codecs()` (deprecated, see the module docstring)."""
     offers = _offers.setdefault(tf.distribute.get_strategy(), weakref.WeakKeyDictionary())
     offers[optimizer] = next(_made)
 
@@ -106,21 +103,24 @@ def offer(optimizer: "CompressingBase") -> None:
 class CompressedPulls:
     """Owns the `PulledVariable`s made in its scope, their pull groups and their counts.
 
-    Use it through `tfgc.compressed_pulls()`.
+    Use it through `ParameterServers.scope()` or `tfgc.compressed_pulls()`.
 
     Attributes:
       variables: the `PulledVariable`s it owns, in creation order.
       codecs: the `PullCodecs` their pulls use; None until the pulls start.
       local_step: with local steps, per worker the steps it has taken (an int64
         per-worker variable its pulls read and its optimizer advances); else None.
+      servers: the `ParameterServers` whose scope it is, or None.
     """
 
     def __init__(self, compression: Optional[base.Codec] = None, min_elements: int = 0,
-                 batch_norm_on_server: bool = True) -> None:
+                 batch_norm_on_server: bool = True,
+                 servers: Optional["ParameterServers"] = None) -> None:
         if compression is not None and not isinstance(compression, base.Codec):
             raise TypeError("compressed_pulls(compression=...) takes a tfgc codec, got "
                             f"{type(compression).__name__}")
         self.compression = compression
+        self.servers = servers
         self.min_elements = int(min_elements)
         self.batch_norm_on_server = bool(batch_norm_on_server)
         self.variables: list["PulledVariable"] = []
@@ -203,18 +203,26 @@ class CompressedPulls:
                     variable.enable_compressed_pulls(codec, group)
 
     def start_at_first_read(self) -> bool:
-        """Starts the pulls at the first traced read when their codec is known (ways 1
-        and 3 of the module docstring); returns whether they run. Reads while the scope
-        is open (Keras traces a model as it makes it) go to the masters."""
+        """Starts the pulls at the first traced read when their codec is known; returns
+        whether they run. Reads while the scope is open (Keras traces a model as it
+        makes it) go to the masters."""
         if self.codecs is None and self._scope is None:
             pull_codecs = self._codecs_without_an_optimizer()
             if pull_codecs is not None:
                 self.start(pull_codecs)
         return self.codecs is not None
 
-    def _codecs_without_an_optimizer(self):
+    def _own_codecs(self) -> Optional[PullCodecs]:
+        """The pull settings this owner was made with (None: none of its own)."""
+        if self.servers is not None:
+            return self.servers.pull_codecs
         if self.compression is not None:
             return default_pull_codecs(self.compression)
+        return None
+
+    def _codecs_without_an_optimizer(self):
+        if self.servers is not None or self.compression is not None:
+            return self._own_codecs()
         unbuilt = [(number, optimizer) for optimizer, number
                    in list(_offers.get(self._strategy, {}).items())
                    if not optimizer.built_compression]
@@ -229,10 +237,9 @@ class CompressedPulls:
             raise RuntimeError(
                 f"{len(offered)} DistributedOptimizers with different pull settings were "
                 "made under this strategy and none has been built, so which one pulls this "
-                "model is not known at its first step: pass the codec to the scope "
-                "(`tfgc.compressed_pulls(compression=...)`) or call "
-                "`optimizer.build(model.trainable_variables)` (inside strategy.scope() if "
-                "there is a strategy) before training")
+                "model is not known at its first step: " + _EXPLICIT)
+        if offered:
+            _warn_inferred()
         return next(iter(offered.values()), None)
 
     def attach(self, optimizer: "CompressingBase") -> bool:
@@ -243,6 +250,8 @@ class CompressedPulls:
           RuntimeError: the pulls should have started in a step traced already.
           ValueError: they started with settings other than the optimizer's.
         """
+        if self.servers is not None:
+            return self._attach_to_servers(optimizer)
         own = optimizer.pull_codecs()
         if self.codecs is None:
             if own is None and self.compression is None:
@@ -255,6 +264,8 @@ class CompressedPulls:
                     "model.trainable_variables)` (inside strategy.scope() if there is a "
                     "strategy) before training, or pass the codec to the scope "
                     "(`tfgc.compressed_pulls(compression=...)`)")
+            if self.compression is None:
+                _warn_inferred()
             # `own` is None only with a compression of the scope's (returned above otherwise).
             self.start(own if self.compression is None  # type: ignore[arg-type, unused-ignore]
                        else default_pull_codecs(self.compression))
@@ -266,6 +277,19 @@ class CompressedPulls:
                 "its first step")
         self._counters = optimizer.traffic_counters
         return True
+
+    def _attach_to_servers(self, optimizer: "CompressingBase") -> bool:
+        """`attach` for an owner made by `ParameterServers.scope()`: the optimizer must
+        have been handed the same servers; it counts the pulls."""
+        if optimizer.parameter_servers is not self.servers:
+            raise ValueError(
+                f"this model's variables were made in the scope of {self.servers!r}; hand "
+                f"the same object to the optimizer: DistributedOptimizer(..., "
+                "parameter_servers=servers)")
+        if self.codecs is None and self._own_codecs() is not None:
+            self.start(self._own_codecs())  # type: ignore[arg-type]  # checked just above
+        self._counters = optimizer.traffic_counters
+        return self.codecs is not None
 
     # --- a step's pull ------------------------------------------------------------------
 
@@ -297,6 +321,20 @@ class CompressedPulls:
                 self._counters.record("pull", counted, happened)
             else:
                 self._pending.append((traced_in, counted, happened))
+
+
+_EXPLICIT = (
+    "make the owner explicit: `servers = tfgc.ParameterServers(pull_compression=...)`, "
+    "`with servers.scope():` around the model, and `DistributedOptimizer(..., "
+    "parameter_servers=servers)`; or pass the codec to the scope "
+    "(`tfgc.compressed_pulls(compression=...)`)")
+
+
+def _warn_inferred():
+    warnings.warn(
+        "a compressed_pulls() scope without a codec took its pull settings from a "
+        "DistributedOptimizer; this is deprecated and goes in the next release: "
+        + _EXPLICIT, DeprecationWarning, stacklevel=4)
 
 
 def _scopes():
