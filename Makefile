@@ -52,7 +52,7 @@ fuzz:
 	bash tfgc_ops/fuzz/run.sh
 
 bench: install
-	$(PY) benchmarks/bench_throughput.py
+	$(PY) -m benchmarks.bench_throughput
 	$(PY) benchmarks/bench_codecs.py
 
 clean:

@@ -7,7 +7,7 @@ first test batches), which needs no moving statistics. A large gap says the weig
 are fine and the statistics do not fit them: under local steps the servers' statistics
 come from the workers' copies, which drift from the masters they are averaged into.
 
-    python -m tfgc.cluster.private python benchmarks/batch_norm_check.py --strategy ps \\
+    python -m tfgc.cluster.private python -m benchmarks.batch_norm_check --strategy ps \\
         --ps 1 --workers 2 --model resnet20 --dataset cifar10 --allow-substitute \\
         --steps 160 --local-steps 16 --outer-optimizer average ...
 
@@ -15,15 +15,12 @@ Batch statistics of test batches are not a way to evaluate a model (they see the
 data's statistics); they only tell the weights apart from the statistics. Keras updates
 the moving statistics in those calls, so the check comes after the run's own evaluation.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import tf_keras
 
-import numpy as np  # noqa: E402
-import tf_keras  # noqa: E402
-
-from models import train  # noqa: E402
+from models import train
 
 BATCHES = 4
 

@@ -5,7 +5,7 @@ or more, shaped as the model's), filled with normal values. Each way runs inside
 tf.function as a fused wire runs it; times are the mean over 50 calls after a warm-up,
 repeated `--rounds` times, interleaved, so both ways see the same machine.
 
-    python benchmarks/bench_batched_threelc.py [--rounds 3]
+    python -m benchmarks.bench_batched_threelc [--rounds 3]
 """
 import argparse
 import os
@@ -13,7 +13,6 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tensorflow as tf
 

@@ -1,7 +1,7 @@
 """ChunkedTopK against TopK on ResNet-20's tensors: bits per parameter and speed.
 
-    python benchmarks/bench_chunked_top_k.py --repeats 5
-    python benchmarks/bench_chunked_top_k.py --values 16777216   # one large tensor too
+    python -m benchmarks.bench_chunked_top_k --repeats 5
+    python -m benchmarks.bench_chunked_top_k --values 16777216   # one large tensor too
 
 The tensors are ResNet-20's (models.resnet, CIFAR-10: 269,722 trainable values in 59
 variables), filled with gradient-like values (Student-t, df=3, * 1e-3, seed 0). For each
@@ -20,12 +20,10 @@ without the per-tensor costs of 65 small ones).
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 

@@ -2,6 +2,10 @@
 
     python benchmarks/bench_codecs.py --values 16777216 --repeats 5
 
+It runs as a file, not as `python -m benchmarks.bench_codecs`: `PYTHONPATH=<tree> python
+benchmarks/bench_codecs.py` times another tree's tfgc (its ops built there), which the
+repository root on sys.path (what `-m` puts there) would hide behind this checkout's.
+
 One process, TensorFlow set to --threads intra- and inter-op threads (default 1) and the
 BFC CPU allocator (TF_CPU_ALLOCATOR_USE_BFC=true, set before TensorFlow is imported, so
 that a fresh large tensor reuses memory instead of page-faulting). The input is one
@@ -177,6 +181,7 @@ def main():
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    # Run as a file (the docstring says why): bench_throughput is imported as its neighbour.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_throughput import make_t3
 

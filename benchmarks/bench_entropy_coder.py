@@ -14,7 +14,7 @@ nonzero at the share measured in part 1. The coders alone, in GB/s of the float3
 stand for (one quartic byte = five values = 20 bytes), and ThreeLC end to end (encode
 with reconstruction, then decode) with each coder, best of `--rounds`, interleaved.
 
-    python benchmarks/bench_entropy_coder.py [--steps 200] [--rounds 5] [--out FILE.json]
+    python -m benchmarks.bench_entropy_coder [--steps 200] [--rounds 5] [--out FILE.json]
 """
 import argparse
 import json
@@ -23,8 +23,6 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import numpy as np
 import tensorflow as tf
@@ -38,7 +36,7 @@ import tfgc
 import tfgc_ops
 from models import data, resnet
 from tfgc import memory
-import reference_ops as reference  # tests/reference_ops.py
+from tests import reference_ops as reference
 
 NONZERO = np.array([reference.nonzero_count(b) for b in range(256)])
 # Fewer bytes than zero-run encoding that the entropy coder was meant to reach at s = 1.75.

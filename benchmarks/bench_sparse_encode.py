@@ -10,16 +10,13 @@ repeat the rows of the gradient (as an embedding lookup without the model's own
 deduplication does) so that the encoder has duplicates to sum; then random distinct
 rows (5k-500k of 2^20, normal values: not data, the case of an earlier microbenchmark).
 
-    python benchmarks/bench_sparse_encode.py [--repeats 20]
+    python -m benchmarks.bench_sparse_encode [--repeats 20]
 """
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# The reference models (`models`) live beside the package, at the repository root.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import tensorflow as tf

@@ -1,6 +1,6 @@
 """Throughput of tfgc's 3LC path on CPU, next to memcpy and zstd, per TensorFlow thread count.
 
-    python benchmarks/bench_throughput.py --mb 100 --threads 1,2 --repeats 5
+    python -m benchmarks.bench_throughput --mb 100 --threads 1,2 --repeats 5
 
 For each thread count the script runs a fresh subprocess of itself in which TensorFlow is
 set to that many intra- and inter-op threads before any op runs (and OMP_NUM_THREADS /
@@ -58,6 +58,9 @@ import tempfile
 import time
 
 import numpy as np
+
+# The repository root, where the subprocesses run as `-m benchmarks.bench_throughput`.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TARGETS = {  # GB/s per thread
     "zre_enc": 1.5,
@@ -231,9 +234,7 @@ def child(args):
             row["payload_bytes"] = int(payload_nbytes(payload))
             row["fp32_ratio"] = x.nbytes / row["payload_bytes"]
             if args.check:
-                sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                "..", "tests"))
-                import reference_ops as reference
+                from tests import reference_ops as reference
 
                 m = np.float32(np.abs(x).max()) * np.float32(sparsity)
                 expected = reference.quartic_encode(np.rint(x / (m if m > 0 else np.float32(1))))
@@ -497,14 +498,14 @@ def main():
             if args.bfc:
                 env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
             out = os.path.join(data_dir, f"result_{t}.json")
-            command = [sys.executable, os.path.abspath(__file__), "--child",
+            command = [sys.executable, "-m", "benchmarks.bench_throughput", "--child",
                        f"--threads-child={t}", f"--data-dir={data_dir}", f"--json-out={out}",
                        f"--repeats={args.repeats}",
                        f"--sparsities={','.join(str(s) for s in args.sparsities)}",
                        f"--datasets={','.join(args.datasets)}"]
             if i == 0:
                 command.append("--check")
-            subprocess.run(command, env=env, check=True)
+            subprocess.run(command, env=env, check=True, cwd=ROOT)
             with open(out) as f:
                 results.append(json.load(f))
             print(f"\n## {t} thread(s)  (TF {results[-1]['tf']}, "

@@ -1,10 +1,10 @@
 """Step time and bytes per step on a local 1-ps / 2-worker cluster: fp32 vs Int8 vs ThreeLC,
 pushes only and pushes + pulls.
 
-    python benchmarks/cluster_bench.py                       # loopback, 100mbit, 10mbit
-    python benchmarks/cluster_bench.py --bandwidths none --steps 20 --rounds 5
-    python benchmarks/cluster_bench.py --model convnet42 --bandwidths none   # many tensors
-    python benchmarks/cluster_bench.py --model resnet20 --bandwidths none    # compute-bound
+    python -m benchmarks.cluster_bench                       # loopback, 100mbit, 10mbit
+    python -m benchmarks.cluster_bench --bandwidths none --steps 20 --rounds 5
+    python -m benchmarks.cluster_bench --model convnet42 --bandwidths none   # many tensors
+    python -m benchmarks.cluster_bench --model resnet20 --bandwidths none    # compute-bound
 
 For each bandwidth a fresh `tfgc.cluster.LocalCluster` (1 ps, 2 workers) is started
 in a process of its own (the coordinator's eager context belongs to one cluster);
@@ -46,13 +46,14 @@ import time
 
 CODECS = ("fp32", "int8", "threelc", "int8+pull", "threelc+pull")
 MODELS = ("mlp", "convnet42", "resnet20")
+# The repository root: each bandwidth's child runs there as `-m benchmarks.cluster_bench`.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_model(name, tf_keras):
     """The benchmark's model `name` (one of MODELS) for 64-pixel digits; resnet20 ends in
     a softmax, the others in logits."""
     if name == "resnet20":
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from models import resnet
 
         # Digits as 32x32 grayscale, repeated into three channels.
@@ -212,11 +213,11 @@ def _counted(optimizer):
 
 def run_one(bandwidth, steps, batch, rounds, timeout_s, model_name="mlp"):
     """Runs `measure` in a child process; returns its result or {"error": reason}."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", bandwidth or "none",
+    cmd = [sys.executable, "-m", "benchmarks.cluster_bench", "--child", bandwidth or "none",
            "--steps", str(steps), "--batch", str(batch), "--rounds", str(rounds),
            "--model", model_name]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"bandwidth": bandwidth or "loopback", "error": f"timed out after {timeout_s} s"}
     lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]

@@ -13,7 +13,7 @@ and steps whose codec input (gradient plus residual) was finite but whose decodi
 not: the codec's wire format overflowed, and the policy above drops the step (the
 residual keeps its value); they are counted so that they are visible.
 
-    python benchmarks/edge_case_campaign.py [--steps 10000] [--seed 0]
+    python -m benchmarks.edge_case_campaign [--steps 10000] [--seed 0]
 
 Exits with status 1 if any residual was ever not finite.
 """

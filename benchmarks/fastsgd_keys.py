@@ -1,6 +1,6 @@
 """FastSGD gradient-key cost (bits per key) on real sparse gradients, vs the paper's Table V/VI.
 
-    python benchmarks/fastsgd_keys.py --arff /tmp/weka/usr/share/doc/weka/examples/ReutersCorn-train.arff
+    python -m benchmarks.fastsgd_keys --arff /tmp/weka/usr/share/doc/weka/examples/ReutersCorn-train.arff
 
 Data: the Reuters-21578 ARFF files that Debian's `weka` package ships (no Java needed):
 
@@ -43,13 +43,9 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
-
-# Run as a script from anywhere: the repository root holds `models`.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GET_DATA_HINT = (
     "The Reuters ARFF files come with Debian's `weka` package; get them without installing "

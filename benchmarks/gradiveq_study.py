@@ -19,16 +19,14 @@ From run 1's gradients (the paper's section 1 observations):
 From run 2: test accuracy at equal steps, the d each layer used (from QSGD samples), and
 the bytes sent (`optimizer.traffic`).
 
-    python benchmarks/gradiveq_study.py --steps 500
+    python -m benchmarks.gradiveq_study --steps 500
 """
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import tensorflow as tf

@@ -1,7 +1,7 @@
 """Local steps against synchronous steps under MultiWorkerMirroredStrategy.
 
-    python -m tfgc.cluster.private python benchmarks/local_steps.py
-    python -m tfgc.cluster.private python benchmarks/local_steps.py --steps 600 \\
+    python -m tfgc.cluster.private python -m benchmarks.local_steps
+    python -m tfgc.cluster.private python -m benchmarks.local_steps --steps 600 \\
         --out results/local_steps/mwms_loopback.json
 
 Each configuration is one `python -m models.train --strategy mwms --workers 2` run
@@ -24,7 +24,6 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from models.train_args import parse_compression  # noqa: E402
 

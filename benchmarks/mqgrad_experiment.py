@@ -25,11 +25,11 @@ spec, reported under the spec. `--replicate K` shuffles the data with seed + K: 
 replicate of a fixed width, compared with the fixed widths, shows how often a method
 exactly as good as one of them misses a bound.
 
-    python benchmarks/mqgrad_experiment.py                 # writes results/mqgrad/mqgrad_experiment.*
-    python benchmarks/mqgrad_experiment.py --budget-s 20 --seeds 0   # a quick look
-    python benchmarks/mqgrad_experiment.py --budget-s 200 --seeds 0 \
+    python -m benchmarks.mqgrad_experiment                 # writes results/mqgrad/mqgrad_experiment.*
+    python -m benchmarks.mqgrad_experiment --budget-s 20 --seeds 0   # a quick look
+    python -m benchmarks.mqgrad_experiment --budget-s 200 --seeds 0 \
         --methods "Fix(4)" MQGrad MQGrad:initial_bits=4 --loss-targets 0.6
-    python benchmarks/mqgrad_experiment.py --link 10mbit --budget-s 240 --seeds 0 \
+    python -m benchmarks.mqgrad_experiment --link 10mbit --budget-s 240 --seeds 0 \
         --methods MQGrad --out /tmp/mq/seed0_mqgrad         # measured; root, tc
 """
 import argparse
@@ -37,12 +37,10 @@ import contextlib
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import tensorflow as tf

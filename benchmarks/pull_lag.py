@@ -14,7 +14,7 @@ server's. ThreeLC(s) sends +-s*max|delta| where |delta| > s*max|delta| / 2, so w
 s = 1.75 only values above 0.875 max cross, overshoot, and keep a residual of 0.75-0.875
 max: the residual shrinks slowly and the lag grows with s.
 
-    python benchmarks/pull_lag.py --steps 400 --sparsity 1.0 1.25 1.5 1.75
+    python -m benchmarks.pull_lag --steps 400 --sparsity 1.0 1.25 1.5 1.75
 
 Pushes are uncompressed, so the lag is the pulls' alone. Prints a table (mean lag over
 the second half of the steps, the pull payload ratio, the training loss over the last 50
@@ -27,8 +27,6 @@ import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def measure(sparsity, args):

@@ -38,7 +38,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(HERE), "results", "time_to_accuracy")
-sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.link_configs import CONFIGS, local_steps, train_args  # noqa: E402
 from models import floors, held_out  # noqa: E402

@@ -24,8 +24,8 @@ Per step = bytes / the steps of the function calls seen (--steps-per-execution e
 It needs `strace` and the right to trace
 a child process (root, or ptrace_scope 0):
 
-    python benchmarks/wire_breakdown.py --compression threelc:sparsity=1.0
-    python benchmarks/wire_breakdown.py --compression none        # fp32, as Keras sends it
+    python -m benchmarks.wire_breakdown --compression threelc:sparsity=1.0
+    python -m benchmarks.wire_breakdown --compression none        # fp32, as Keras sends it
 """
 import argparse
 import collections

@@ -1,7 +1,8 @@
 """Bytes per worker step and the parameter server's CPU time per step, for 1 to N workers.
 
-    python -m tfgc.cluster.private python benchmarks/worker_scaling.py
-    python -m tfgc.cluster.private python benchmarks/worker_scaling.py --workers 1,2,4,8 --steps 160
+    python -m tfgc.cluster.private python -m benchmarks.worker_scaling
+    python -m tfgc.cluster.private python -m benchmarks.worker_scaling --workers 1,2,4,8 \
+        --steps 160
 
 For each worker count a fresh `tfgc.cluster.LocalCluster` (1 parameter server, N
 workers, loopback) runs in a process of its own and trains a small model with tf_keras
@@ -30,10 +31,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # cluster_bench's models and data
-
-import cluster_bench  # noqa: E402
+from benchmarks import cluster_bench  # its models and data
 
 
 def cpu_seconds(pid):
@@ -102,9 +100,9 @@ def main(argv=None):
     for workers in [int(n) for n in args.workers.split(",")]:
         print(f"[worker_scaling] {workers} worker(s) ...", flush=True)
         child = subprocess.run(
-            [sys.executable, __file__, "--child", str(workers), "--steps", str(args.steps),
-             "--model", args.model, "--timeout", str(args.timeout)],
-            capture_output=True, text=True, timeout=args.timeout + 120)
+            [sys.executable, "-m", "benchmarks.worker_scaling", "--child", str(workers),
+             "--steps", str(args.steps), "--model", args.model, "--timeout", str(args.timeout)],
+            capture_output=True, text=True, timeout=args.timeout + 120, cwd=cluster_bench.ROOT)
         found = [line[4:] for line in child.stdout.splitlines() if line.startswith("ROW ")]
         if child.returncode or not found:
             sys.exit(f"{workers} worker(s) failed (rc {child.returncode}):\n{child.stderr[-3000:]}")

@@ -218,9 +218,7 @@ def test_link_specs_parse_and_refuse_what_tc_would_not_take():
 def test_the_delay_line_ends_with_its_launcher():
     # A launcher killed before its teardown: the line notices that its parent is gone
     # and exits, so its namespace does not live on through it.
-    code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(cluster.__file__)))!r})
+    code = textwrap.dedent("""
         from tfgc.cluster import netem
         net = netem.EmulatedNetwork(None, [("worker", 0)], delay="5ms")
         net.setup()
