@@ -162,3 +162,31 @@ def test_an_update_of_no_statistics_is_refused():
         moving_statistics.StatisticsUpdate("/device:CPU:0", [], rates)
     with pytest.raises(ValueError, match="no statistics"):
         moving_statistics.FoldedStatistics("/device:CPU:0", [], tf.zeros([1]))
+
+
+def test_marking_a_statistic_installs_nothing_enabling_does(run_python):
+    # tfgc's batch-norm route is installed where a user asks for it (a pulls scope under
+    # parameter servers, the switch), never as a side effect of making a variable.
+    out = run_python("""
+import json
+
+import tf_keras
+
+import tfgc
+from tfgc.ps import moving_statistics
+from tfgc.ps.server_variables import NamedServerVariable
+
+
+def routed():
+    method = tf_keras.layers.BatchNormalization._fused_batch_norm
+    return method.__module__.startswith("tfgc")
+
+
+layer = tf_keras.layers.BatchNormalization()
+layer.build((2, 3))
+marked = moving_statistics.mark(NamedServerVariable(layer.moving_mean))
+after_mark = routed()
+moving_statistics.enable()
+print(json.dumps([marked, after_mark, routed()]))
+""", timeout=120)
+    assert json.loads(out.strip().splitlines()[-1]) == [True, False, True]

@@ -20,9 +20,11 @@ and server (per statistic on Keras's unfused path). Other variables, layers with
 renormalization or a mask, and eager code update as Keras does it.
 
 To reach the training step, tf_keras's `BatchNormalizationBase._fused_batch_norm` and
-`_assign_moving_average` are replaced, process-wide, the first time a statistic is
-marked (`tfgc._compat.replace_batch_norm_updates`); the replacements hand every layer
-whose statistics are not marked back to tf_keras's own methods.
+`_assign_moving_average` are replaced, process-wide, by `enable` (`tfgc._compat.
+replace_batch_norm_updates`), which runs where a user asks for statistics on their
+servers: a pulls scope entered under ParameterServerStrategy, or `batch_norm_on_server`;
+never as a side effect of making a variable. The replacements hand every layer whose
+statistics are not marked back to tf_keras's own methods.
 """
 import sys
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
@@ -42,17 +44,15 @@ if TYPE_CHECKING:
 _MARK = "tfgc_batch_norm_on_server"  # set on a NamedServerVariable to update it there
 
 
-def mark(variable: tf.Variable, enabled: bool = True,
-         strategy: Optional[tf.distribute.Strategy] = None) -> bool:
+def mark(variable: tf.Variable, enabled: bool = True) -> bool:
     """Has `variable`'s moving-average updates computed on its server (`enabled`) or
-    as Keras computes them. Only a `NamedServerVariable` (also in ParameterServer-
-    Strategy's wrapper) can be updated there.
+    as Keras computes them, once `enable` has run for its strategy. Only a
+    `NamedServerVariable` (also in ParameterServerStrategy's wrapper) can be updated
+    there.
 
     Args:
       variable: a moving statistic.
       enabled: update it on its server (True) or as Keras does (False).
-      strategy: the variable's ParameterServerStrategy (default: the one in scope),
-        whose steps then carry the updates in their push messages.
 
     Returns:
       Whether `variable` is one that this changes (a `NamedServerVariable`).
@@ -61,12 +61,24 @@ def mark(variable: tf.Variable, enabled: bool = True,
     if not isinstance(inner, NamedServerVariable):
         return False
     setattr(inner, _MARK, bool(enabled))
-    if enabled:
-        install()
-        strategy = strategy or tf.distribute.get_strategy()
-        if is_parameter_server(strategy):
-            riders.collect_in_steps(strategy)
     return True
+
+
+def enable(strategy: Optional[tf.distribute.Strategy] = None) -> None:
+    """Installs what marked statistics need: tfgc's route of tf_keras's batch-norm
+    updates (`install`) and, under ParameterServerStrategy, the collection of riders in
+    `strategy`'s steps (`riders.collect_in_steps`), whose push messages carry them.
+
+    Called where a user asks for statistics on their servers (a pulls scope entered,
+    `batch_norm_on_server`), never by creating a variable.
+
+    Args:
+      strategy: the statistics' strategy (default: the one in scope).
+    """
+    install()
+    strategy = strategy or tf.distribute.get_strategy()
+    if is_parameter_server(strategy):
+        riders.collect_in_steps(strategy)
 
 
 def batch_norm_on_server(model: "tf_keras.layers.Layer", enabled: bool = True) -> int:
@@ -100,8 +112,10 @@ def batch_norm_on_server(model: "tf_keras.layers.Layer", enabled: bool = True) -
         statistics = [getattr(layer, name, None) for name in ("moving_mean", "moving_variance")]
         if any(v is None for v in statistics) or not hasattr(layer, "momentum"):
             continue  # not a batch norm (or not built)
-        changed = [mark(v, enabled, strategy) for v in statistics]
+        changed = [mark(v, enabled) for v in statistics]
         switched += any(changed)
+    if switched and enabled:
+        enable(strategy)
     return switched
 
 

@@ -34,6 +34,7 @@ import tensorflow as tf
 from tfgc import codecs as codecs_lib
 from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable
+from tfgc.ps import moving_statistics
 from tfgc.ps.variables import buffers, creating_buffers, pulled
 from tfgc.ps.pull import ParameterServerPull
 from tfgc.wire.encoder import (
@@ -156,6 +157,10 @@ class CompressedPulls:
                 return variable
             return self.adopt(variable)
 
+        if self.batch_norm_on_server and is_parameter_server(strategy):
+            # The statistics made in the scope are updated on their servers: tfgc's
+            # batch-norm route and the riders of the push, installed here, explicitly.
+            moving_statistics.enable(strategy)
         self._scope = tf.variable_creator_scope(creator)
         self._scope.__enter__()
         _scopes().append(self)
