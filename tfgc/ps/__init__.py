@@ -4,6 +4,8 @@ A worker's step under parameter servers reads the model from the servers, comput
 gradients and writes them back. tfgc compresses both directions and keeps the servers'
 share of a step on the servers:
 
+- `servers`: `ParameterServers`, the explicit owner users make: the pull settings and
+  local steps of a model, fixed when it is made; its `scope()` makes the model.
 - `pulls`: `CompressedPulls`, the owner of a model's pulled variables, their pull
   groups and their counts (`tfgc.compressed_pulls`, `tfgc.get_variable`).
 - `variables`: `PulledVariable`, a model variable read on workers from a cache that
@@ -19,6 +21,7 @@ share of a step on the servers:
 - `local_steps`: workers that train their own copies and meet the servers every H steps.
 
 The push wire (`tfgc.wire.ParameterServerPush`) and the optimizer use it through these
-modules; nothing in here imports an optimizer. The package imports nothing on its own,
+modules; nothing in here imports an optimizer: what the pulls need of one is the
+protocol `pulls.PullingOptimizer`. The package imports nothing on its own,
 so that a module of tfgc may import one of its modules without loading the others.
 """

@@ -27,7 +27,7 @@ import json
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Sequence
 
 import tensorflow as tf
 
@@ -41,7 +41,6 @@ from tfgc.wire.encoder import (
     DEFAULT_SMALL_COMPRESSION, below_min_codec, compresses, small_codec, topology)
 
 if TYPE_CHECKING:
-    from tfgc.optimizer.base import CompressingBase
     from tfgc.ps.servers import ParameterServers
     from tfgc.traffic import TrafficCounters
     from tfgc.ps.variables import PulledVariable
@@ -89,12 +88,32 @@ class PullCodecs(NamedTuple):
                           + [self.min_elements, self.local_steps], sort_keys=True, default=str)
 
 
+class PullingOptimizer(Protocol):
+    """What an owner of pulls asks of the optimizer that trains its variables (a
+    `DistributedOptimizer`): its pull settings and the counters that add up the pulls."""
+
+    @property
+    def parameter_servers(self) -> Optional["ParameterServers"]:
+        """The servers it was handed, or None."""
+
+    @property
+    def built_compression(self) -> bool:
+        """Whether its codecs and counters exist."""
+
+    @property
+    def traffic_counters(self) -> Optional["TrafficCounters"]:
+        """The counters the pulls' bytes go to (None until built)."""
+
+    def pull_codecs(self) -> Optional["PullCodecs"]:
+        """Its pull settings, or None."""
+
+
 def default_pull_codecs(compression: base.Codec) -> PullCodecs:
     """`compression` for the deltas, with tfgc's default small-tensor settings."""
     return PullCodecs(compression, small_codec(DEFAULT_SMALL_COMPRESSION), DEFAULT_MIN_ELEMENTS)
 
 
-def offer(optimizer: "CompressingBase") -> None:
+def offer(optimizer: "PullingOptimizer") -> None:
     """Lets the pulls that start under the current strategy without a codec of their own
     use `optimizer.pull_codecs()` (deprecated, see the module docstring)."""
     offers = _offers.setdefault(tf.distribute.get_strategy(), weakref.WeakKeyDictionary())
@@ -247,7 +266,7 @@ class CompressedPulls:
             _warn_inferred()
         return next(iter(offered.values()), None)
 
-    def attach(self, optimizer: "CompressingBase") -> bool:
+    def attach(self, optimizer: "PullingOptimizer") -> bool:
         """Called by the optimizer built with (some of) these variables: starts the pulls
         with its settings if nothing started them, and has it count them.
 
@@ -283,7 +302,7 @@ class CompressedPulls:
         self._counters = optimizer.traffic_counters
         return True
 
-    def _attach_to_servers(self, optimizer: "CompressingBase") -> bool:
+    def _attach_to_servers(self, optimizer: "PullingOptimizer") -> bool:
         """`attach` for an owner made by `ParameterServers.scope()`: the optimizer must
         have been handed the same servers; it counts the pulls."""
         if optimizer.parameter_servers is not self.servers:
