@@ -24,6 +24,10 @@ by side) and link floor (the busiest link's bytes per step / its rate + the roun
 no implementation avoids x RTT). "Share of the floor" = the larger floor / the measured
 step time, never above 100% unless a floor was wrong.
 
+--loopback-from takes the loopback runs and compute floors of an earlier result file
+(same code, configurations and seeds) instead of running them again, so that runs on
+several links share one target; the file's command is recorded beside this one's.
+
 Raw output goes to --out (JSON; by default results/time_to_accuracy/, named by the strategy
 and each emulated link, e.g. ps_10mbit_50ms_rtt.json); --report prints its tables.
 """
@@ -225,6 +229,25 @@ def default_out(strategy, links):
     return os.path.join(RESULTS, "_".join(parts) + ".json")
 
 
+def _loopback_from(path, configs, seeds):
+    """The loopback rows and compute floors of the result file at `path`, per seed.
+
+    Raises:
+      SystemExit: the file lacks a configuration or seed that this run needs.
+    """
+    with open(path) as f:
+        earlier = json.load(f)
+    rows, floors_by_seed = {}, {f["seed"]: f for f in earlier["compute_floors"]}
+    for seed in seeds:
+        rows[seed] = [r for r in earlier["rows"] if r["link"] == "loopback"
+                      and r["seed"] == seed and r["config"] in configs]
+        missing = set(configs) - {r["config"] for r in rows[seed]}
+        if missing or seed not in floors_by_seed:
+            sys.exit(f"--loopback-from {path} has no loopback run of seed {seed} for "
+                     f"{', '.join(sorted(missing)) or 'its compute floor'}")
+    return {"rows": rows, "floors": floors_by_seed, "command": earlier["command"]}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", choices=("ps", "mwms"), default="ps")
@@ -256,6 +279,8 @@ def main(argv=None):
     parser.add_argument("--estimate-link-steps", type=int, default=48)
     parser.add_argument("--floor-steps", type=int, default=64)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+    parser.add_argument("--loopback-from", metavar="JSON", default=None,
+                        help="reuse this result file's loopback runs and compute floors")
     parser.add_argument("--out", default=None)
     parser.add_argument("--report", metavar="JSON", help="print the tables of a result file")
     args = parser.parse_args(argv)
@@ -286,12 +311,21 @@ def main(argv=None):
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
 
+    reused = _loopback_from(args.loopback_from, configs, seeds) if args.loopback_from else None
+    if reused is not None:
+        results["loopback_from"] = {"file": args.loopback_from, "command": reused["command"]}
     for seed in seeds:
-        results["compute_floors"].append(compute_floor(args, seed))
+        if reused is None:
+            results["compute_floors"].append(compute_floor(args, seed))
+        else:
+            results["compute_floors"].append(reused["floors"][seed])
+            results["rows"] += reused["rows"][seed]
         print(f"[tta] compute floor, seed {seed}: "
               f"{results['compute_floors'][-1]['floor_step_s']:.3f} s/step", flush=True)
         save()
         for link in links:
+            if link == "loopback" and reused is not None:
+                continue
             for config in configs:
                 probe = config in estimated and link != "loopback"
                 row = run_config(args, config, seed, link,

@@ -3,6 +3,8 @@ import copy
 import json
 import os
 
+import pytest
+
 from benchmarks import time_to_accuracy
 
 RAW = os.path.join(os.path.dirname(__file__), os.pardir, "results", "time_to_accuracy",
@@ -60,3 +62,31 @@ def test_a_run_without_out_is_named_by_its_strategy_and_links():
                             RAW)
     assert os.path.basename(time_to_accuracy.default_out("ps", ["loopback", "10mbit/25ms"])) \
         == "ps_10mbit_50ms_rtt.json"
+
+
+def test_a_probed_run_is_estimated_from_its_own_configuration_s_loopback_run():
+    results = _results()
+    rows = {(r["link"], r["config"]): r for r in results["rows"]}
+    probe = copy.deepcopy(rows[("100mbit/10ms", "bf16")])
+    probe.update(link_probe=True, held_out=[])
+    results["rows"] = [r for r in results["rows"]
+                       if (r["link"], r["config"]) != ("100mbit/10ms", "bf16")] + [probe]
+    summary = time_to_accuracy.summarize(results, with_floors=False)
+    bf16_loopback = rows[("loopback", "bf16")]
+    steps_to = next(h["step"] for h in bf16_loopback["held_out"]
+                    if h["test_accuracy"] >= summary["target"])
+    assert probe["estimated"] and probe["estimate_from"]["loopback_steps_to_target"] == steps_to
+    assert probe["time_to_target_s"] == probe["first_epoch_s"] + (
+        steps_to - results["log_every"]) * probe["step_time_s"]
+    assert _speedup(summary, "100mbit/10ms", "threelc", "bf16")["against_estimated"]
+
+
+def test_loopback_runs_are_reused_only_where_the_earlier_file_has_them():
+    reused = time_to_accuracy._loopback_from(RAW, ["fp32", "threelc"], [0])
+    assert [r["config"] for r in reused["rows"][0]] == ["fp32", "threelc"]
+    assert all(r["link"] == "loopback" for r in reused["rows"][0])
+    assert reused["floors"][0]["seed"] == 0
+    with pytest.raises(SystemExit, match="no loopback run of seed 1"):
+        time_to_accuracy._loopback_from(RAW, ["fp32"], [0, 1])
+    with pytest.raises(SystemExit, match="powersgd"):
+        time_to_accuracy._loopback_from(RAW, ["fp32", "powersgd"], [0])
