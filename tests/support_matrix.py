@@ -136,8 +136,8 @@ def run_cell(strategy, flavour, policy, optimizer_name, out_dir):
 
 
 # Parameter servers: (flavour, policy, optimizer, how it trains). "+pulls": the model
-# is made under `tfgc.compressed_pulls()` and pulled in ThreeLC too; "+local_steps":
-# 4 local steps, averaging, with compressed pulls.
+# is made in the scope of a `tfgc.ParameterServers` and pulled in ThreeLC too;
+# "+local_steps": 4 local steps, averaging, with compressed pulls.
 PS_CELLS = (
     ("tf_keras", "float32", "SGD", "fit"),
     ("tf_keras", "float32", "Adam", "fit"),
@@ -170,10 +170,11 @@ def run_ps_cell(c, strategy, flavour, policy, optimizer_name, how, out_dir):
 
     def make(wrapped):
         K.utils.set_random_seed(0)
+        servers = _ps_servers(variant) if wrapped and pulled else None
         with strategy.scope():
-            with tfgc.compressed_pulls() if wrapped and pulled else contextlib.nullcontext():
+            with servers.scope() if servers is not None else contextlib.nullcontext():
                 model = _model(K, flavour, PS_ROWS, PS_COLS)
-            optimizer = _ps_optimizer(K, optimizer_name) if wrapped else _inner(
+            optimizer = _ps_optimizer(K, optimizer_name, servers) if wrapped else _inner(
                 K, name, variant, PS_LEARNING_RATES)
             model.compile(optimizer, "mse")
         return model, optimizer
@@ -296,19 +297,25 @@ def _optimizer(K, optimizer_name):
     return tfgc.DistributedOptimizer(inner, compression=tfgc.codecs.ThreeLC(1.0))
 
 
-def _ps_optimizer(K, optimizer_name):
+def _ps_servers(variant):
+    """The `tfgc.ParameterServers` of a cell whose model is pulled in ThreeLC."""
+    import tfgc
+
+    return tfgc.ParameterServers(tfgc.codecs.ThreeLC(1.0),
+                                 local_steps=4 if variant == "local_steps" else 1)
+
+
+def _ps_optimizer(K, optimizer_name, servers=None):
     import tfgc
 
     name, _, variant = optimizer_name.partition("+")
     inner = _inner(K, name, variant, PS_LEARNING_RATES)
     codec = tfgc.codecs.ThreeLC(1.0)
-    if variant == "pulls":
-        return tfgc.DistributedOptimizer(inner, compression=codec, pull_compression=codec)
     if variant == "local_steps":
-        return tfgc.DistributedOptimizer(inner, compression=codec, pull_compression=codec,
-                                         local_steps=4,
-                                         outer_optimizer=tfgc.OuterSGD.averaging())
-    return tfgc.DistributedOptimizer(inner, compression=codec)
+        return tfgc.DistributedOptimizer(inner, compression=codec, local_steps=4,
+                                         outer_optimizer=tfgc.OuterSGD.averaging(),
+                                         parameter_servers=servers)
+    return tfgc.DistributedOptimizer(inner, compression=codec, parameter_servers=servers)
 
 
 def main_ps(out_dir):
