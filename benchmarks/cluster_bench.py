@@ -34,7 +34,7 @@ dominates.
 Ratios (against fp32 at the same bandwidth) are computed from numbers measured in the
 same run. "int8" and "threelc" compress gradient pushes only (pulls are the fp32
 model); "+pull" rows also compress model pulls with the same codec (3LC): the model is
-built under `tfgc.compressed_pulls()` and the optimizer gets `pull_compression`.
+built in the scope of a `tfgc.ParameterServers` that the optimizer is handed.
 """
 import argparse
 import contextlib
@@ -103,17 +103,17 @@ def measure(bandwidth, steps, batch, rounds, model_name="mlp"):
         models = {}
         for name in CODECS:
             base_name, pulls = name.split("+")[0], name.endswith("+pull")
+            make_codec = {"fp32": None, "int8": tfgc.codecs.Int8,
+                          "threelc": lambda: tfgc.codecs.ThreeLC(1.0)}[base_name]
+            servers = tfgc.ParameterServers(make_codec()) if pulls else None
             with strategy.scope():
                 tf_keras.utils.set_random_seed(0)
-                with tfgc.compressed_pulls() if pulls else contextlib.nullcontext():
+                with servers.scope() if servers is not None else contextlib.nullcontext():
                     model = build_model(model_name, tf_keras)
                 optimizer = tf_keras.optimizers.SGD(0.05)
                 if name != "fp32":
-                    make_codec = {"int8": tfgc.codecs.Int8,
-                                  "threelc": lambda: tfgc.codecs.ThreeLC(1.0)}[base_name]
                     optimizer = tfgc.DistributedOptimizer(
-                        optimizer, compression=make_codec(),
-                        pull_compression=make_codec() if pulls else None)
+                        optimizer, compression=make_codec(), parameter_servers=servers)
                     optimizer.build(model.trainable_variables)
                 model.compile(optimizer, model_loss(tf_keras, model_name))
             model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)  # trace, connect

@@ -221,12 +221,14 @@ def _train(spec, data, args, seed, strategy, records):
             codec = mqgrad.AdaptiveQuantize(rho=args.rho)
         else:
             codec = tfgc.codecs.Quantize(bits=tf.Variable(2, dtype=tf.int32))  # the agent sets it
-        pull_codec = parse_compression(args.pull_compression) if measured else None
-        with tfgc.compressed_pulls() if measured else contextlib.nullcontext():
+        servers = (tfgc.ParameterServers(parse_compression(args.pull_compression),
+                                         min_elements=args.min_elements)
+                   if measured else None)
+        with servers.scope() if servers is not None else contextlib.nullcontext():
             model = build_model(x.shape[1:], int(y.max()) + 1, seed)
         optimizer = tfgc.DistributedOptimizer(
             tf_keras.optimizers.SGD(args.lr), compression=codec, min_elements=args.min_elements,
-            error_feedback=False, pull_compression=pull_codec)
+            error_feedback=False, parameter_servers=servers)
         optimizer.build(model.trainable_variables)  # compressed pulls start at build
         model.compile(optimizer, tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])

@@ -43,12 +43,12 @@ def measure(sparsity, args):
         "--steps", str(args.steps), "--seed", str(args.seed), "--lr", str(args.lr),
         "--strategy", "local"])
     workload = workloads.ImageWorkload(options)
-    with tfgc.compressed_pulls():
+    servers = tfgc.ParameterServers(tfgc.codecs.ThreeLC(sparsity), small_compression=None)
+    with servers.scope():
         model = workload.build_model(0.0)
     optimizer = tfgc.DistributedOptimizer(
         workload.inner_optimizer(args.lr, args.steps), compression=tfgc.codecs.NoCompression(),
-        pull_compression=tfgc.codecs.ThreeLC(sparsity), error_feedback=False,
-        small_compression=None)
+        error_feedback=False, small_compression=None, parameter_servers=servers)
     optimizer.build(model.trainable_variables)
     model.compile(optimizer, workload.loss())
     pulled = [v for v in model.trainable_variables

@@ -7,7 +7,7 @@
 For each worker count a fresh `tfgc.cluster.LocalCluster` (1 parameter server, N
 workers, loopback) runs in a process of its own and trains a small model with tf_keras
 `model.fit` under ParameterServerStrategy, ThreeLC(1.0) on pushes and pulls (the model
-built under `tfgc.compressed_pulls()`), batch 32 of scikit-learn's digits. After a
+built in a `tfgc.ParameterServers` scope), batch 32 of scikit-learn's digits. After a
 warm-up fit (tracing, connections, each worker's first full pull) one measured fit runs
 `--steps` steps spread over the workers by TensorFlow's coordinator. Measured over that
 fit, from the kernel and nothing else:
@@ -53,13 +53,14 @@ def measure(workers, steps, model_name, timeout):
     with cluster.LocalCluster(num_ps=1, num_workers=workers, timeout_s=timeout) as c:
         strategy = tf.distribute.experimental.ParameterServerStrategy(c.resolver)
         data = cluster_bench.digits_dataset(tf, 32)
+        servers = tfgc.ParameterServers(tfgc.codecs.ThreeLC(1.0))
         with strategy.scope():
             tf_keras.utils.set_random_seed(0)
-            with tfgc.compressed_pulls():
+            with servers.scope():
                 model = cluster_bench.build_model(model_name, tf_keras)
             optimizer = tfgc.DistributedOptimizer(
                 tf_keras.optimizers.SGD(0.05), compression=tfgc.codecs.ThreeLC(1.0),
-                pull_compression=tfgc.codecs.ThreeLC(1.0))
+                parameter_servers=servers)
             optimizer.build(model.trainable_variables)
             model.compile(optimizer, cluster_bench.model_loss(tf_keras, model_name))
         # Every worker traces, connects and takes its first full pull here.

@@ -150,7 +150,8 @@ def test_a_measured_run_trains_on_a_shaped_cluster(tmp_path):
     # A child process: ParameterServerStrategy changes the eager context of its process.
     out = tmp_path / "fix3"
     done = subprocess.run(
-        [sys.executable, _PATH, "--link", "100mbit", "--budget-s", "4", "--dataset", "digits",
+        [sys.executable, "-m", "benchmarks.mqgrad_experiment", "--link", "100mbit",
+         "--budget-s", "4", "--dataset", "digits",
          "--limit", "512", "--test-limit", "64", "--seeds", "0", "--methods", "Fix(3)",
          "--loss-targets", "2.0", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=240,
