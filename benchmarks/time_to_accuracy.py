@@ -46,6 +46,8 @@ RESULTS = os.path.join(os.path.dirname(HERE), "results", "time_to_accuracy")
 from benchmarks.link_configs import CONFIGS, local_steps, train_args  # noqa: E402
 from models import floors, held_out  # noqa: E402
 
+BASELINES = ("fp32", "bf16")  # what tfgc's configurations are compared against
+
 KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "test_accuracy", "held_out",
         "held_out_statistics", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "socket_worker0_sent_bytes_per_step",
@@ -158,8 +160,8 @@ def summarize(results, with_floors=True):
                          and r["held_out"]}
                      for c in configs}
         for c in configs:
-            for base in ("fp32", "bf16"):
-                if c == base or base not in configs:
+            for base in BASELINES:
+                if c in BASELINES or base not in configs:
                     continue
                 base_times = {**unreached[base], **reached[base]}
                 seeds = sorted(set(reached[c]) & set(base_times))

@@ -90,3 +90,9 @@ def test_loopback_runs_are_reused_only_where_the_earlier_file_has_them():
         time_to_accuracy._loopback_from(RAW, ["fp32"], [0, 1])
     with pytest.raises(SystemExit, match="powersgd"):
         time_to_accuracy._loopback_from(RAW, ["fp32", "powersgd"], [0])
+
+
+def test_the_baselines_are_compared_with_tfgc_s_configurations_not_with_each_other():
+    summary = time_to_accuracy.summarize(_results(), with_floors=False)
+    assert summary["speedups"]
+    assert not [s for s in summary["speedups"] if s["config"] in time_to_accuracy.BASELINES]
