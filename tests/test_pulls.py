@@ -335,6 +335,8 @@ def test_parameter_servers_arguments_are_checked():
         tfgc.ParameterServers(pull_compression="threelc")
     with pytest.raises(ValueError, match="local_steps must be at least 1"):
         tfgc.ParameterServers(local_steps=0)
+    with pytest.raises(ValueError, match="give a pull_compression"):
+        tfgc.ParameterServers(local_steps=4)
     with pytest.raises(TypeError, match="takes a tfgc.ParameterServers"):
         tfgc.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=C.ThreeLC(1.0),
                                   parameter_servers=C.ThreeLC(1.0))

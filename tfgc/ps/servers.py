@@ -47,7 +47,7 @@ class ParameterServers:
 
     Raises:
       TypeError: a codec that is not a tfgc codec.
-      ValueError: `local_steps` < 1.
+      ValueError: `local_steps` < 1, or local steps without a pull codec.
     """
 
     def __init__(self, pull_compression: Optional[base.Codec] = None, *,
@@ -62,6 +62,11 @@ class ParameterServers:
                                 f"{type(codec).__name__}")
         if int(local_steps) < 1:
             raise ValueError(f"local_steps must be at least 1, got {local_steps}")
+        if int(local_steps) > 1 and pull_compression is None:
+            raise ValueError(
+                "local steps under parameter servers train each worker's copy of the model, "
+                "its caches of compressed pulls: give a pull_compression (NoCompression() "
+                "pulls the deltas as they are)")
         self.local_steps = int(local_steps)
         self.batch_norm_on_server = bool(batch_norm_on_server)
         self.pull_codecs: Optional[PullCodecs] = (
