@@ -373,18 +373,21 @@ def compressed_pulls(compression: Optional[base.Codec] = None, min_elements: int
 
     Enter it inside `strategy.scope()` around model construction:
 
-        with strategy.scope(), tfgc.compressed_pulls():
+        with strategy.scope(), tfgc.compressed_pulls(tfgc.codecs.ThreeLC(1.0)):
             model = make_model()
 
+    It is `tfgc.ParameterServers(compression).scope()` without local steps; with local
+    steps, or settings other than tfgc's defaults for small tensors, make the
+    `ParameterServers` and hand it to the optimizer.
+
     Args:
-      compression: the codec of the model deltas pulled; by default the
-        `pull_compression` of the `DistributedOptimizer` that trains the model (see
-        tfgc.ps.pulls for how that one is found).
+      compression: the codec of the model deltas pulled. Without one the scope takes the
+        `pull_compression` of a `DistributedOptimizer` (see tfgc.ps.pulls for how that
+        one is found), which is deprecated.
       min_elements: smaller variables stay plain variables, read from their server as
         they are on every step. By default every trainable floating variable is
         pulled, in one message per server and step: those the codec compresses, the
-        small ones (biases, batch norm; below the optimizer's `min_elements`) with its
-        small-tensor codec, as its pushes.
+        small ones (biases, batch norm) with the small-tensor codec (float16).
       batch_norm_on_server: under ParameterServerStrategy, update the moving statistics
         of the tf_keras batch-norm layers made in this scope on their server, where
         only the batch's statistics cross (tfgc.ps.moving_statistics); False leaves them
