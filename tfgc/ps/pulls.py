@@ -376,9 +376,9 @@ def compressed_pulls(compression: Optional[base.Codec] = None, min_elements: int
         with strategy.scope(), tfgc.compressed_pulls(tfgc.codecs.ThreeLC(1.0)):
             model = make_model()
 
-    It is `tfgc.ParameterServers(compression).scope()` without local steps; with local
-    steps, or settings other than tfgc's defaults for small tensors, make the
-    `ParameterServers` and hand it to the optimizer.
+    With a codec its variables are pulled as in `tfgc.ParameterServers(compression).
+    scope()`, and no optimizer needs to be handed anything; for local steps, or other
+    settings for small tensors, make the `ParameterServers` and hand it to the optimizer.
 
     Args:
       compression: the codec of the model deltas pulled. Without one the scope takes the
