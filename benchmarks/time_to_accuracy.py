@@ -113,6 +113,11 @@ def add_floors(r, results, compute):
                            if r["floor_step_s"] else None)
 
 
+def _probe(row):
+    """Whether `row` ran only a few steps on its link, for an estimate."""
+    return bool(row.get("link_probe", row.get("fp32_link_probe")))
+
+
 def summarize(results, with_floors=True):
     """Targets, times to them, ratios of totals and floors; the report's numbers.
 
@@ -132,7 +137,7 @@ def summarize(results, with_floors=True):
     for r in rows:
         r["time_to_target_s"] = held_out.time_to(r["held_out"] or [], target)
         r["estimated"] = False
-        if r.get("link_probe", r.get("fp32_link_probe")):
+        if _probe(r):
             base = next((b for b in rows if b["link"] == "loopback"
                          and b["config"] == r["config"] and b["seed"] == r["seed"]), None)
             steps_to = next((h["step"] for h in base["held_out"]
@@ -154,10 +159,12 @@ def summarize(results, with_floors=True):
                        if r["config"] == c and r["time_to_target_s"] is not None}
                    for c in configs}
         # A baseline that never reached the target took longer than its last evaluation:
-        # against that time a ratio is a measured lower limit, said as "at least".
+        # against that time a ratio is a measured lower limit, said as "at least". A
+        # probe stopped short by design says nothing of the kind: without an estimate
+        # (its loopback run did not reach the target) it is left out.
         unreached = {c: {r["seed"]: r["held_out"][-1]["time_s"] for r in on_link
                          if r["config"] == c and r["time_to_target_s"] is None
-                         and r["held_out"]}
+                         and r["held_out"] and not _probe(r)}
                      for c in configs}
         for c in configs:
             for base in BASELINES:

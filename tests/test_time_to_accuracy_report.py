@@ -96,3 +96,16 @@ def test_the_baselines_are_compared_with_tfgc_s_configurations_not_with_each_oth
     summary = time_to_accuracy.summarize(_results(), with_floors=False)
     assert summary["speedups"]
     assert not [s for s in summary["speedups"] if s["config"] in time_to_accuracy.BASELINES]
+
+
+def test_a_probe_without_an_estimate_is_no_lower_limit():
+    results = _results()
+    rows = {(r["link"], r["config"]): r for r in results["rows"]}
+    # bf16's loopback run never reaching the target leaves its probe without an estimate.
+    rows[("loopback", "bf16")]["held_out"] = [
+        dict(h, test_accuracy=0.1) for h in rows[("loopback", "bf16")]["held_out"]]
+    rows[("100mbit/10ms", "bf16")]["link_probe"] = True
+    summary = time_to_accuracy.summarize(results, with_floors=False)
+    assert rows[("100mbit/10ms", "bf16")]["time_to_target_s"] is None
+    assert not [s for s in summary["speedups"]
+                if s["link"] == "100mbit/10ms" and s["against"] == "bf16"]
