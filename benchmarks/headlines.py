@@ -873,33 +873,41 @@ def round_trips_headlines():
     return heads
 
 
-TIME_TO_ACCURACY = "results/time_to_accuracy/ps_100mbit_20ms_rtt.json"
+TIME_TO_ACCURACY = "results/time_to_accuracy/ps_10mbit_50ms_rtt.json"
+TIME_TO_ACCURACY_LINK = ("10mbit/25ms", "10 Mbit/s + 50 ms RTT")
+# The targets at that link: times sooner than fp32 and than bf16.
+TIME_TO_ACCURACY_TARGETS = {"fp32": 10.0, "bf16": 5.0}
 
 
 def time_to_accuracy_headline():
     """The best configuration's time to the held-out target against fp32 and bf16 on
-    100 Mbit/s + 20 ms RTT under parameter servers (raw, benchmarks.time_to_accuracy)."""
+    10 Mbit/s + 50 ms RTT under parameter servers (raw, benchmarks.time_to_accuracy)."""
     from benchmarks.time_to_accuracy import summarize
 
     results = read_json(TIME_TO_ACCURACY)
     summary = summarize(results, with_floors=False)
-    link = "100mbit/10ms"
+    link, said = TIME_TO_ACCURACY_LINK
     on_link = [s for s in summary["speedups"] if s["link"] == link]
-    best = max((s for s in on_link if s["against"] == "fp32"),
-               key=lambda s: s["ratio_of_totals"])
-    parts = []
-    for s in on_link:
-        if s["config"] == best["config"]:
-            parts.append(f"{'>= ' if s['at_least'] else ''}{_x(s['ratio_of_totals'])} "
-                         f"sooner than {s['against']}"
-                         + (" (which did not reach it)" if s["at_least"] else ""))
     seeds = ",".join(map(str, results["seeds"]))
-    return Headline(
-        "time-to-accuracy-ps",
-        f"{best['config']} to test accuracy {summary['target']:.3f} on 100 Mbit/s + 20 ms "
-        f"RTT: {'; '.join(parts)}; seed {seeds}, {results['rows'][0]['steps']} steps; "
-        "targets (10x at 10 Mbit/s + 50 ms, 50x at 1 Mbit/s + 100 ms, 3 seeds) not run",
-        [TIME_TO_ACCURACY], True)
+    if not any(s["against"] == "fp32" for s in on_link):
+        value = f"no tfgc configuration reached test accuracy {summary['target']:.3f} on {said}"
+    else:
+        best = max((s for s in on_link if s["against"] == "fp32"),
+                   key=lambda s: s["ratio_of_totals"])
+        parts = []
+        for s in on_link:
+            if s["config"] != best["config"]:
+                continue
+            note = [n for n, on in (("against an estimate", s["against_estimated"]),
+                                    ("which did not reach it", s["at_least"])) if on]
+            target = TIME_TO_ACCURACY_TARGETS[s["against"]]
+            parts.append(f"{'>= ' if s['at_least'] else ''}{_x(s['ratio_of_totals'])} sooner "
+                         f"than {s['against']}" + (f" ({', '.join(note)})" if note else "")
+                         + f", target {target:g}x {_verdict(s['ratio_of_totals'], target)}")
+        value = (f"{best['config']} to test accuracy {summary['target']:.3f} on {said}: "
+                 f"{'; '.join(parts)}; seeds {','.join(map(str, best['seeds']))} of {seeds}, "
+                 f"{results['rows'][0]['steps']} steps")
+    return Headline("time-to-accuracy-ps", value, [TIME_TO_ACCURACY], True)
 
 
 def compute():

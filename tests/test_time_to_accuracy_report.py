@@ -7,8 +7,10 @@ import pytest
 
 from benchmarks import time_to_accuracy
 
-RAW = os.path.join(os.path.dirname(__file__), os.pardir, "results", "time_to_accuracy",
-                   "ps_100mbit_20ms_rtt.json")
+FOLDER = os.path.join(os.path.dirname(__file__), os.pardir, "results", "time_to_accuracy")
+# One seed at learning rate 0.05 on loopback and 100 Mbit/s + 20 ms RTT, where fp32 and
+# bf16 did not reach the target: every case the summary handles.
+RAW = os.path.join(FOLDER, "learning_rate", "ps_100mbit_20ms_rtt_lr_0.05.json")
 
 
 def _results():
@@ -57,9 +59,9 @@ def test_the_floors_are_never_beaten_by_the_committed_runs():
 
 
 def test_a_run_without_out_is_named_by_its_strategy_and_links():
-    # The committed run's name, and the others' beside it in the same flat folder.
-    assert os.path.samefile(time_to_accuracy.default_out("ps", ["loopback", "100mbit/10ms"]),
-                            RAW)
+    # The committed run's name, and the others' beside it in the same folder.
+    assert os.path.samefile(time_to_accuracy.default_out("ps", ["loopback", "10mbit/25ms"]),
+                            os.path.join(FOLDER, "ps_10mbit_50ms_rtt.json"))
     assert os.path.basename(time_to_accuracy.default_out("ps", ["loopback", "10mbit/25ms"])) \
         == "ps_10mbit_50ms_rtt.json"
 
