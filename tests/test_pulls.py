@@ -333,7 +333,7 @@ def test_parameter_servers_arguments_are_checked():
                                   parameter_servers=tfgc.ParameterServers(C.ThreeLC(1.0)))
     with pytest.raises(TypeError, match="takes a tfgc codec"):
         tfgc.ParameterServers(pull_compression="threelc")
-    with pytest.raises(ValueError, match="local_steps must be at least 1"):
+    with pytest.raises(ValueError, match="local_steps must be a positive integer"):
         tfgc.ParameterServers(local_steps=0)
     with pytest.raises(ValueError, match="give a pull_compression"):
         tfgc.ParameterServers(local_steps=4)

@@ -291,8 +291,7 @@ class CompressedPulls:
             if self.compression is None:
                 _warn_inferred()
             # `own` is None only with a compression of the scope's (returned above otherwise).
-            self.start(own if self.compression is None  # type: ignore[arg-type, unused-ignore]
-                       else default_pull_codecs(self.compression))
+            self.start(self._own_codecs() or own)  # type: ignore[arg-type, unused-ignore]
         elif own is not None and self.compression is None and own.key() != self.codecs.key():
             raise ValueError(
                 f"{type(optimizer).__name__} pulls with {own.compression.name} but this "
@@ -310,8 +309,9 @@ class CompressedPulls:
                 f"this model's variables were made in the scope of {self.servers!r}; hand "
                 f"the same object to the optimizer: DistributedOptimizer(..., "
                 "parameter_servers=servers)")
-        if self.codecs is None and self._own_codecs() is not None:
-            self.start(self._own_codecs())  # type: ignore[arg-type]  # checked just above
+        own = self._own_codecs()
+        if self.codecs is None and own is not None:
+            self.start(own)
         self._counters = optimizer.traffic_counters
         return self.codecs is not None
 

@@ -20,6 +20,7 @@ from typing import Optional, Union
 
 from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS
+from tfgc.local_steps import check_local_steps
 from tfgc.ps.pulls import CompressedPulls, PullCodecs
 from tfgc.wire.encoder import DEFAULT_SMALL_COMPRESSION, small_codec
 
@@ -47,7 +48,8 @@ class ParameterServers:
 
     Raises:
       TypeError: a codec that is not a tfgc codec.
-      ValueError: `local_steps` < 1, or local steps without a pull codec.
+      ValueError: `local_steps` not a positive integer, or local steps without a pull
+        codec.
     """
 
     def __init__(self, pull_compression: Optional[base.Codec] = None, *,
@@ -60,14 +62,12 @@ class ParameterServers:
             if codec is not None and not isinstance(codec, base.Codec):
                 raise TypeError(f"ParameterServers({what}=...) takes a tfgc codec, got "
                                 f"{type(codec).__name__}")
-        if int(local_steps) < 1:
-            raise ValueError(f"local_steps must be at least 1, got {local_steps}")
-        if int(local_steps) > 1 and pull_compression is None:
+        self.local_steps = check_local_steps(local_steps)
+        if self.local_steps > 1 and pull_compression is None:
             raise ValueError(
                 "local steps under parameter servers train each worker's copy of the model, "
                 "its caches of compressed pulls: give a pull_compression (NoCompression() "
                 "pulls the deltas as they are)")
-        self.local_steps = int(local_steps)
         self.batch_norm_on_server = bool(batch_norm_on_server)
         self.pull_codecs: Optional[PullCodecs] = (
             None if pull_compression is None
