@@ -35,13 +35,13 @@ from tfgc._compat.tensorflow_hooks import (
     export_to_saved_model_graph, in_save_context, in_xla_context, init_variable_from_handle,
     is_function_graph, is_savedmodel_save, maybe_merge_call, ps_num_workers, resource_handle,
     smart_cond, strategy_supports_no_merge_call,
-    name_per_worker_copies, set_parent_trackable, set_sharded_container, synchronous_executor, trackable_children,
+    name_per_worker_copies, per_worker_variable_of, set_parent_trackable, set_sharded_container, synchronous_executor, trackable_children,
     unwrap_caching_variable, variable_accessed,
 )
 from tfgc._compat.tf_keras_hooks import (
     TF_KERAS_DEDUPLICATE_SPARSE_GRAD, BatchNormSettings, batch_norm_settings,
     replace_batch_norm_updates, static_training, tf_keras_adam_slots,
-    tf_keras_build_compiled_metrics,
+    tf_keras_build_compiled_metrics, tf_keras_count_steps_when_they_start,
     tf_keras_deduplicate_sparse_grad, tf_keras_inference_call, tf_keras_learning_rate_now,
     tf_keras_num_variables, tf_keras_steps_per_execution, tf_keras_uses_weight_decay,
     tf_keras_variable_index,

@@ -476,6 +476,31 @@ def name_per_worker_copies(variable, named_copy, graph_handle):
     return variable
 
 
+def per_worker_variable_of(strategy, make_copy):
+    """A per-worker variable of ParameterServerStrategy whose copies `make_copy` makes.
+
+    `make_copy(index)` makes the copy of the worker of that index (and, with index 0,
+    the coordinator's instance, which a trace sees); it may place the copy anywhere, e.g.
+    on a parameter server, where an op of a traced step reads the dispatching worker's
+    copy without the worker sending it. A traced function's `handle` is the dispatching
+    worker's copy, passed with each call (read it once per trace). TensorFlow re-runs
+    `make_copy` for a restarted worker, so its copy starts again from its initial value.
+
+    Relies on `PerWorkerVariable(strategy, next_creator)`, which runs `next_creator`
+    once on the coordinator and once per worker in the coordinator's dispatch context
+    for that worker (`coordinator_context.get_current_dispatch_context`).
+    """
+    dispatch_context = _module(
+        "tensorflow.python.distribute.coordinator.coordinator_context"
+    ).get_current_dispatch_context
+
+    def creator(**_):
+        context = dispatch_context()
+        return make_copy(context.worker_index if context is not None else 0)
+
+    return _resolved["PerWorkerVariable"](strategy, creator)
+
+
 _NAMED_COPIES_CLASSES: dict = {}
 
 

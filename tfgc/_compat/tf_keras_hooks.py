@@ -183,6 +183,57 @@ def tf_keras_steps_per_execution(model):
     return getattr(model, "_steps_per_execution", None)
 
 
+@_hook("tf_keras_train_counter", "tf_keras",
+       "a tf_keras Model's `_train_counter` variable, which its train step increments "
+       "with `assign_add` under a control dependency on the step's outputs")
+def _probe_tf_keras_train_counter():
+    import tf_keras  # noqa: PLC0415
+
+    if "_train_counter.assign_add" not in inspect.getsource(tf_keras.Model.make_train_function):
+        raise LookupError("Model.make_train_function does not increment _train_counter")
+    return None
+
+
+def tf_keras_count_steps_when_they_start(model):
+    """Makes a tf_keras model's step counter count a step when it starts rather than
+    once its outputs exist.
+
+    tf_keras increments `model._train_counter` (a variable on a parameter server under
+    ParameterServerStrategy) with a control dependency on the step's first output (the
+    loss the worker computes), so the server's part of every step waits for a tensor
+    from the worker: one more round trip per step. Here the increment runs without that
+    dependency. Does nothing for a model without the counter or with it already changed.
+
+    Relies on `tf_keras.Model._train_counter` and on its train step calling
+    `assign_add` on it.
+    """
+    _internal("tf_keras_train_counter")
+    counter = getattr(model, "_train_counter", None)
+    if counter is None or isinstance(counter, _CountsWhenStepsStart):
+        return
+    counter.__class__ = _counting_when_steps_start(type(counter))
+
+
+class _CountsWhenStepsStart:
+    """Marks a step counter changed by `tf_keras_count_steps_when_they_start`."""
+
+
+_COUNTER_CLASSES: dict = {}
+
+
+def _counting_when_steps_start(variable_class):
+    """The subclass of `variable_class` whose `assign_add` ignores control dependencies."""
+    if variable_class not in _COUNTER_CLASSES:
+
+        class CountsWhenStepsStart(variable_class, _CountsWhenStepsStart):
+            def assign_add(self, *args, **kwargs):
+                with tf.control_dependencies(None):
+                    return super().assign_add(*args, **kwargs)
+
+        _COUNTER_CLASSES[variable_class] = CountsWhenStepsStart
+    return _COUNTER_CLASSES[variable_class]
+
+
 @_hook("tf_keras_compiled_metrics", "tf_keras",
        "a compiled tf_keras Model's `compiled_metrics` container, its `built` and its "
        "`build(y_pred, y_true)`")

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tfgc import _compat
 from tfgc.distribute import is_parameter_server
-from tfgc.optimizer import finite_steps, xla
+from tfgc.optimizer import compiled, finite_steps, xla
 from tfgc.optimizer.base import CompressingBase, compressing_subclass
 
 HOOK = _compat.KERAS3_ALL_REDUCE_SUM_GRADIENTS
@@ -48,7 +48,7 @@ def keras3_distributed_class(optimizer_class: type[Any]) -> type[Any]:
 def register_keras_optimizers() -> None:
     """Makes every Keras 3 built-in optimizer's compressing class known to Keras's
     deserialization (`keras.saving.load_model`), and keeps models whose tfgc optimizer
-    XLA cannot compile out of XLA (`xla.keep_models_out_of_xla`); `import tfgc` calls
+    XLA cannot compile out of XLA (`tfgc.optimizer.compiled`); `import tfgc` calls
     it. A no-op without Keras 3 or with another backend."""
     try:
         import keras  # noqa: PLC0415
@@ -57,7 +57,7 @@ def register_keras_optimizers() -> None:
         trainer = _compat.keras3_trainer()
     except (ImportError, _compat.UnsupportedInternalsError):
         return
-    xla.keep_models_out_of_xla(trainer)
+    compiled.adapt_after_compile(trainer, xla.turn_xla_off_for_tfgc)
     for value in vars(keras.optimizers).values():
         if (isinstance(value, type) and issubclass(value, tf_optimizer)
                 and value.__name__ in vars(keras.optimizers)):

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from tfgc import _compat, local_steps
 from tfgc.distribute import is_parameter_server
-from tfgc.optimizer import finite_steps, xla
+from tfgc.optimizer import compiled, finite_steps, xla
 from tfgc.ps import local_steps as local_steps_ps
-from tfgc.optimizer.base import CompressingBase, compressing_subclass
+from tfgc.optimizer.base import CompressingBase, compressing_optimizer, compressing_subclass
 from tfgc.optimizer.loss_scale import agree_on_finiteness
 from tfgc.ps.server_variables import created_by_name
 
@@ -28,19 +28,37 @@ def distributed_class(optimizer_class: type[Any]) -> type[Any]:
 def register_tf_keras_optimizers() -> None:
     """Makes the compressing class of every tf_keras built-in optimizer, and of
     `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`), and keeps
-    models whose tfgc optimizer XLA cannot compile out of XLA
-    (`xla.keep_models_out_of_xla`); `import tfgc` calls it. A no-op without tf_keras."""
+    models whose tfgc optimizer XLA cannot compile out of XLA and counts the steps of
+    those under ParameterServerStrategy when they start (`tfgc.optimizer.compiled`);
+    `import tfgc` calls it. A no-op without tf_keras."""
     try:
         import tf_keras  # noqa: PLC0415
     except ImportError:
         return
     from tfgc.optimizer.bounded_adam import BoundedAdam  # noqa: PLC0415 (needs tf_keras)
 
-    xla.keep_models_out_of_xla(tf_keras.Model)
+    compiled.adapt_after_compile(
+        tf_keras.Model, xla.turn_xla_off_for_tfgc, count_steps_when_they_start)
     for value in [*vars(tf_keras.optimizers).values(), BoundedAdam]:
         if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
                 and value is not tf_keras.optimizers.Optimizer):
             distributed_class(value)
+
+
+def count_steps_when_they_start(model: Any) -> None:
+    """Under ParameterServerStrategy, makes a tf_keras model compiled with a tfgc
+    optimizer count its steps when they start (`_compat.tf_keras_count_steps_when_they_start`).
+
+    tf_keras's step counter lives on a parameter server and waits for each step's loss
+    from the worker: the server's part of every step then ends one round trip later than
+    its pushes do. Counted when the step starts, a step the coordinator runs again after
+    a worker failure is counted twice (the counter is read by the progress bar when it
+    has no step count, and by TensorBoard's per-batch summaries).
+    """
+    if compressing_optimizer(getattr(model, "optimizer", None)) is None:
+        return
+    if is_parameter_server(model.distribute_strategy):
+        _compat.tf_keras_count_steps_when_they_start(model)
 
 
 class _CompressingMixin(CompressingBase):

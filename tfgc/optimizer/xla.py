@@ -8,7 +8,7 @@ those ops have no XLA kernels. Codecs made of TensorFlow's own ops
 
 A model compiled (tf_keras or Keras 3 `Model.compile`) with XLA on and a tfgc optimizer
 whose step cannot run there has XLA turned off, with one warning naming the codecs: `import
-tfgc` wraps both `compile` methods (`keep_models_out_of_xla`), since Keras gives an
+tfgc` wraps both `compile` methods (`tfgc.optimizer.compiled`), since Keras gives an
 optimizer no other say in how its model's step is compiled. Any other step that XLA
 compiles and that would run tfgc's ops (a custom loop's `tf.function(jit_compile=True)`)
 raises NotImplementedError while it is traced, before any op is made, naming the codecs
@@ -16,7 +16,6 @@ and the fix: never a raw XLA error from deep inside the compiler. (A plain
 NotImplementedError: autograph re-raises the builtin types as they are, and a subclass as
 its own StagingError.)
 """
-import functools
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -99,19 +98,3 @@ def turn_xla_off_for_tfgc(model: Any) -> None:
         "so its train step runs without XLA. To keep XLA, use a codec that compiles with "
         f"it ({', '.join(XLA_CODECS)}, without a strategy)", stacklevel=3)
     model.jit_compile = False
-
-
-def keep_models_out_of_xla(model_class: type[Any]) -> None:
-    """Wraps `model_class.compile` (once) so that a model compiled with a tfgc optimizer
-    whose step XLA cannot compile has XLA turned off (`turn_xla_off_for_tfgc`)."""
-    compile_method = model_class.compile
-    if getattr(compile_method, "_tfgc_keeps_xla_out", False):
-        return
-
-    @functools.wraps(compile_method)
-    def compile(self, *args, **kwargs):
-        compile_method(self, *args, **kwargs)
-        turn_xla_off_for_tfgc(self)
-
-    compile._tfgc_keeps_xla_out = True  # type: ignore[attr-defined]  # a function attribute
-    model_class.compile = compile

@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 import tensorflow as tf
 
+from tfgc import _compat
 from tfgc.codecs import base
 from tfgc.codecs.identity import NoCompression
 from tfgc.distribute import (
-    colocated_with, local_variable, num_workers, worker_index)
+    colocated_with, is_parameter_server, local_variable, num_workers, worker_index)
 from tfgc.wire.message import (
     Layout, checked_size, from_bytes, payload_units, shares_by_position, to_bytes)
 
@@ -88,6 +89,9 @@ class ParameterServerPull:
             self._offsets[i] = offset
             offset += self._sizes[i]
         self.synced = local_variable(tf.constant(False), "pull_synced", per_worker=True)
+        # The server keeps its own copy of each worker's state (see `pull`).
+        self._server_states = (_server_copies_of_states(self.device) if every == 1
+                               and is_parameter_server(tf.distribute.get_strategy()) else None)
         with colocated_with(self.variables[0].master):
             self.snapshots = local_variable(
                 tf.zeros([num_workers(), sum(self._sizes)], self.dtype), "pull_snapshots",
@@ -129,7 +133,20 @@ class ParameterServerPull:
         currents = base.concat_flat([
             tf.raw_ops.ReadVariableOp(resource=caches[i], dtype=self.dtype)
             for i in self._order])
-        if self.every == 1:
+        if self.every == 1 and self._server_states is not None:
+            # The server reads the state from its own copy of it: a tensor the worker
+            # sent would be asked for only once the server's part of the step started
+            # (TensorFlow's receiver asks), so the message would reach the worker two
+            # round trips after the step started instead of one.
+            handle = self._server_states.handle  # once: each access is sent with the call
+            with tf.device(self.device):
+                served = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32)
+                message, layout, counted = self._serve(served)
+                with tf.control_dependencies([message]):
+                    tf.raw_ops.AssignVariableOp(resource=handle, value=served // 2 * 2 + 1)
+            news = self._received(message, layout, synced, currents)
+            asked = None
+        elif self.every == 1:
             with tf.device(self.device):
                 message, layout, counted = self._serve(state)
             news = self._received(message, layout, synced, currents)
@@ -247,6 +264,19 @@ class ParameterServerPull:
     def _shapes(self, unit):
         """The shapes of payload `unit`'s variables."""
         return [self.variables[i].master.shape for i in unit]
+
+
+def _server_copies_of_states(device: str) -> tf.Variable:
+    """Each worker's pull state (2 x its index + whether its caches are synced) as a
+    per-worker variable whose copies live on the server `device`. A restarted worker's
+    caches and its copy here are made again together, unsynced."""
+
+    def make_copy(worker):
+        with tf.init_scope(), tf.device(device):
+            return _compat.ResourceVariable(tf.constant(2 * worker, tf.int32), trainable=False)
+
+    with tf.init_scope():
+        return _compat.per_worker_variable_of(tf.distribute.get_strategy(), make_copy)
 
 
 def on_device(device: str, branch: Callable[[], _T]) -> Callable[[], _T]:

@@ -1,0 +1,88 @@
+"""What the server's part of a parameter-server step waits for from the worker.
+
+Inside a step, TensorFlow's receiver asks for each tensor that crosses between
+processes, and the server's part of the step asks only once it has started: any tensor
+the server needs from the worker costs one more round trip before the server can use
+it (`docs/results/round-trips.md`). So the compressed pull's server side reads each
+worker's pull state from a copy of it on the server: this checks, in the traced graph
+of a step's reads on a real cluster, that no op the server runs for the pull depends on
+an op of the worker's. tf_keras's step counter (on a server) waits for the step's loss
+unless its model was compiled with a tfgc optimizer; that it still counts is checked
+here, what it saves is measured by `benchmarks.round_trips`.
+"""
+import pytest
+
+import cluster_scripts
+
+COORDINATOR = cluster_scripts.script(
+    """
+    def on_server(op):
+        return "/job:ps" in op.device
+
+    def worker_ops_before(op):
+        # The ops of the worker (or placed nowhere yet) that `op` waits for, directly or
+        # through other ops; a function's arguments (the handles) are not waited for.
+        seen, stack, found = set(), [op], []
+        while stack:
+            current = stack.pop()
+            for before in [t.op for t in current.inputs] + list(current.control_inputs):
+                # (A constant is placed with the op that takes it.)
+                if before.name in seen or before.type in ("Placeholder", "Const"):
+                    continue
+                seen.add(before.name)
+                if not on_server(before):
+                    found.append(f"{before.type} {before.name}")
+                stack.append(before)
+        return found
+
+    with cluster.LocalCluster(num_ps=1, num_workers=2, timeout_s=240) as c:
+        strategy = tf.distribute.ParameterServerStrategy(c.resolver)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        servers = tfgc.ParameterServers(tfgc.codecs.ThreeLC(1.0))
+        with strategy.scope():
+            with servers.scope():
+                model = tf_keras.Sequential([tf_keras.layers.Dense(64, activation="relu"),
+                                             tf_keras.layers.Dense(1)])
+                model.build((None, 16))
+            plain = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+            plain.build((None, 16))
+            optimizer = tfgc.DistributedOptimizer(
+                tf_keras.optimizers.SGD(0.01), compression=tfgc.codecs.ThreeLC(1.0),
+                parameter_servers=servers)
+            model.compile(optimizer, loss="mse")
+            plain.compile(tf_keras.optimizers.SGD(0.01), loss="mse")
+
+        @tf.function
+        def forward(x):  # a step's reads: in a replica, where the pulls happen
+            return strategy.run(lambda x: tf.reduce_sum(model(x)), args=(x,))
+
+        with strategy.scope():  # as fit and the strategy's `run` trace a step
+            graph = forward.get_concrete_function(tf.TensorSpec([8, 16], tf.float32)).graph
+        pull_ops = [op for op in graph.get_operations() if on_server(op)]
+        waits = sorted({w for op in pull_ops for w in worker_ops_before(op)})
+        result = {"pull_ops_on_server": len(pull_ops), "pull_waits_for": waits}
+
+        x = tf.random.normal((64, 16))
+        data = tf.data.Dataset.from_tensor_slices((x, tf.reduce_sum(x, 1))).repeat().batch(8)
+        model.fit(data, epochs=2, steps_per_epoch=5, verbose=0)
+        plain.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
+        result["counted"] = int(model._train_counter.numpy())
+        result["plain_counted"] = int(plain._train_counter.numpy())
+        result["counter_changed"] = type(model._train_counter) is not type(plain._train_counter)
+    send_report(result)
+    """
+)
+
+
+@pytest.mark.cluster
+def test_the_server_waits_for_nothing_of_the_worker_s_to_pull(run_report):
+    report = run_report(COORDINATOR, timeout=300)
+    # The pull's server side: the state, the encoding, the snapshots' update.
+    assert report["pull_ops_on_server"] > 10, report
+    assert report["pull_waits_for"] == [], report["pull_waits_for"]
+    # The step counter of a model compiled with a tfgc optimizer is tfgc's (its increment
+    # does not wait for the loss; round_trips measures what that saves) and counts every
+    # step; a plain model's is tf_keras's.
+    assert report["counter_changed"], report
+    assert report["counted"] == 10, report
+    assert report["plain_counted"] == 2, report
