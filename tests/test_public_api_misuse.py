@@ -49,6 +49,14 @@ def test_keras3_optimizer_shared_by_two_models_says_to_make_one_per_model():
                 model.fit(x, y, verbose=0)
 
 
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras"])
+def test_parameter_servers_of_the_wrong_type_are_a_type_error(flavour):
+    keras = pytest.importorskip(flavour)
+    with pytest.raises(TypeError, match="parameter_servers takes a tfgc.ParameterServers"):
+        tfgc.DistributedOptimizer(keras.optimizers.SGD(0.1), tfgc.codecs.ThreeLC(1.0),
+                                  parameter_servers=object())
+
+
 def test_a_gradient_for_an_integer_variable_names_the_variable():
     import tf_keras
 

@@ -70,8 +70,8 @@ class _Keras3Mixin(CompressingBase):
     def __init__(self, *args, pull_compression=None, **kwargs):
         kwargs.pop(_LOADING_NOTE, None)
         servers = kwargs.get("parameter_servers")
-        if pull_compression is not None or (servers is not None
-                                            and servers.pull_codecs is not None):
+        # Anything but a ParameterServers is refused with a TypeError by the base class.
+        if pull_compression is not None or getattr(servers, "pull_codecs", None) is not None:
             raise NotImplementedError(
                 "pull_compression with Keras 3: compressed pulls wrap the tf.Variables a "
                 "model creates under tfgc.compressed_pulls(), and Keras 3 variables are "
