@@ -34,7 +34,6 @@ and each emulated link, e.g. ps_10mbit_50ms_rtt.json); --report prints its table
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -225,16 +224,16 @@ def default_out(strategy, links):
     """The raw output's path without --out: results/time_to_accuracy/, named by the
     strategy and each emulated link's rate and round-trip time (its one-way delay twice),
     e.g. ps_10mbit_50ms_rtt.json for `--strategy ps --links 10mbit/25ms`."""
+    from tfgc.cluster.netem import parse_delay, parse_link
+
     parts = [strategy]
     for link in links:
         if link == "loopback":
             continue
-        rate, _, rest = link.partition("/")
-        delay = rest.split("/")[0]
-        parts.append(rate or "unshaped")
-        if delay:
-            match = re.fullmatch(r"([\d.]+)(us|ms|s)", delay.strip().lower())
-            parts.append(f"{2 * float(match[1]):g}{match[2]}_rtt" if match else delay)
+        parsed = parse_link(link)
+        parts.append(parsed["bandwidth"] or "unshaped")
+        if parsed["delay"]:
+            parts.append(f"{2e3 * parse_delay(parsed['delay']):g}ms_rtt")
     return os.path.join(RESULTS, "_".join(parts) + ".json")
 
 
