@@ -6,9 +6,11 @@ the server needs from the worker costs one more round trip before the server can
 it (`docs/results/round-trips.md`). So the compressed pull's server side reads each
 worker's pull state from a copy of it on the server: this checks, in the traced graph
 of a step's reads on a real cluster, that no op the server runs for the pull depends on
-an op of the worker's. tf_keras's step counter (on a server) waits for the step's loss
-unless its model was compiled with a tfgc optimizer; that it still counts is checked
-here, what it saves is measured by `benchmarks.round_trips`.
+an op of the worker's. tf_keras's step counter (on a server) waits for the step's loss,
+and `fit` reads `steps_per_execution` (on a server) before it schedules each step,
+unless the model was compiled with a tfgc optimizer: that the counter still counts and
+where the variable lives are checked here, what they save is measured by
+`benchmarks.round_trips`.
 """
 import pytest
 
@@ -69,6 +71,7 @@ COORDINATOR = cluster_scripts.script(
         result["counted"] = int(model._train_counter.numpy())
         result["plain_counted"] = int(plain._train_counter.numpy())
         result["counter_changed"] = type(model._train_counter) is not type(plain._train_counter)
+        result["steps_per_execution_on"] = [m._steps_per_execution.device for m in (model, plain)]
     send_report(result)
     """
 )
@@ -86,3 +89,7 @@ def test_the_server_waits_for_nothing_of_the_worker_s_to_pull(run_report):
     assert report["counter_changed"], report
     assert report["counted"] == 10, report
     assert report["plain_counted"] == 2, report
+    # `fit` reads steps_per_execution before it schedules each step: a tfgc model's is
+    # the coordinator's own, a plain model's is on the server.
+    ours, plain = report["steps_per_execution_on"]
+    assert "/job:ps" not in ours and "/job:ps" in plain, report

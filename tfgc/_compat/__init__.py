@@ -42,6 +42,7 @@ from tfgc._compat.tf_keras_hooks import (
     TF_KERAS_DEDUPLICATE_SPARSE_GRAD, BatchNormSettings, batch_norm_settings,
     replace_batch_norm_updates, static_training, tf_keras_adam_slots,
     tf_keras_build_compiled_metrics, tf_keras_count_steps_when_they_start,
+    tf_keras_keep_steps_per_execution_on_the_coordinator,
     tf_keras_deduplicate_sparse_grad, tf_keras_inference_call, tf_keras_learning_rate_now,
     tf_keras_num_variables, tf_keras_steps_per_execution, tf_keras_uses_weight_decay,
     tf_keras_variable_index,

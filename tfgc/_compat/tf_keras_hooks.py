@@ -234,6 +234,26 @@ def _counting_when_steps_start(variable_class):
     return _COUNTER_CLASSES[variable_class]
 
 
+def tf_keras_keep_steps_per_execution_on_the_coordinator(model, make_local_variable):
+    """Moves a compiled tf_keras model's `steps_per_execution` variable to the coordinator.
+
+    tf_keras makes it in the strategy's scope, which under ParameterServerStrategy puts
+    it on a parameter server, and `fit` reads it on the coordinator before it schedules
+    each step (`DataHandler.steps`): three round trips to the server for every step
+    scheduled, while the workers wait for steps to run. `make_local_variable(value)`
+    makes its replacement, holding the same value, where the coordinator reads it
+    without crossing a link. Does nothing before `compile` or while tf_keras tunes the
+    value itself (its tuner holds the variable).
+
+    Relies on `tf_keras.Model._steps_per_execution` and its `autotune_steps_per_execution`.
+    """
+    _internal("tf_keras_steps_per_execution")
+    current = getattr(model, "_steps_per_execution", None)
+    if current is None or model.autotune_steps_per_execution:
+        return
+    model._steps_per_execution = make_local_variable(current.numpy())  # noqa: SLF001
+
+
 @_hook("tf_keras_compiled_metrics", "tf_keras",
        "a compiled tf_keras Model's `compiled_metrics` container, its `built` and its "
        "`build(y_pred, y_true)`")

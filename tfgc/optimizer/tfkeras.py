@@ -28,8 +28,9 @@ def distributed_class(optimizer_class: type[Any]) -> type[Any]:
 def register_tf_keras_optimizers() -> None:
     """Makes the compressing class of every tf_keras built-in optimizer, and of
     `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`), and keeps
-    models whose tfgc optimizer XLA cannot compile out of XLA and counts the steps of
-    those under ParameterServerStrategy when they start (`tfgc.optimizer.compiled`);
+    models whose tfgc optimizer XLA cannot compile out of XLA and schedules the steps of
+    those under ParameterServerStrategy without waiting on a server
+    (`tfgc.optimizer.compiled`);
     `import tfgc` calls it. A no-op without tf_keras."""
     try:
         import tf_keras  # noqa: PLC0415
@@ -38,27 +39,41 @@ def register_tf_keras_optimizers() -> None:
     from tfgc.optimizer.bounded_adam import BoundedAdam  # noqa: PLC0415 (needs tf_keras)
 
     compiled.adapt_after_compile(
-        tf_keras.Model, xla.turn_xla_off_for_tfgc, count_steps_when_they_start)
+        tf_keras.Model, xla.turn_xla_off_for_tfgc, schedule_steps_without_waiting)
     for value in [*vars(tf_keras.optimizers).values(), BoundedAdam]:
         if (isinstance(value, type) and issubclass(value, tf_keras.optimizers.Optimizer)
                 and value is not tf_keras.optimizers.Optimizer):
             distributed_class(value)
 
 
-def count_steps_when_they_start(model: Any) -> None:
-    """Under ParameterServerStrategy, makes a tf_keras model compiled with a tfgc
-    optimizer count its steps when they start (`_compat.tf_keras_count_steps_when_they_start`).
+def schedule_steps_without_waiting(model: Any) -> None:
+    """Under ParameterServerStrategy, keeps what tf_keras's `fit` waits for on each step
+    off the parameter servers, for a tf_keras model compiled with a tfgc optimizer.
 
-    tf_keras's step counter lives on a parameter server and waits for each step's loss
-    from the worker: the server's part of every step then ends one round trip later than
-    its pushes do. Counted when the step starts, a step the coordinator runs again after
-    a worker failure is counted twice (the counter is read by the progress bar when it
-    has no step count, and by TensorBoard's per-batch summaries).
+    - `steps_per_execution`, which `fit` reads on the coordinator before it schedules
+      each step, becomes a variable of the coordinator: on a server, each read cost three
+      round trips, and on a slow link the workers waited for their next step
+      (`_compat.tf_keras_keep_steps_per_execution_on_the_coordinator`).
+    - The step counter, on a server, counts a step when it starts instead of waiting
+      for its loss from the worker, one round trip of the server's part of every step
+      (`_compat.tf_keras_count_steps_when_they_start`). A step the coordinator runs again
+      after a worker failure is then counted twice (the counter is read by the progress
+      bar when it has no step count, and by TensorBoard's per-batch summaries).
     """
     if compressing_optimizer(getattr(model, "optimizer", None)) is None:
         return
-    if is_parameter_server(model.distribute_strategy):
-        _compat.tf_keras_count_steps_when_they_start(model)
+    if not is_parameter_server(model.distribute_strategy):
+        return
+    _compat.tf_keras_keep_steps_per_execution_on_the_coordinator(model, _coordinator_variable)
+    _compat.tf_keras_count_steps_when_they_start(model)
+
+
+def _coordinator_variable(value: Any) -> tf.Variable:
+    """An int64 variable of this process (the coordinator), outside any strategy."""
+    with tf.init_scope():
+        # (A class the fence binds at import: None to the type checker.)
+        return _compat.ResourceVariable(  # type: ignore[misc]
+            tf.constant(value, tf.int64), trainable=False)
 
 
 class _CompressingMixin(CompressingBase):
