@@ -72,6 +72,7 @@ COORDINATOR = cluster_scripts.script(
         result["plain_counted"] = int(plain._train_counter.numpy())
         result["counter_changed"] = type(model._train_counter) is not type(plain._train_counter)
         result["steps_per_execution_on"] = [m._steps_per_execution.device for m in (model, plain)]
+        result["weights"] = [len(m.get_weights()) for m in (model, plain)]
     send_report(result)
     """
 )
@@ -93,3 +94,4 @@ def test_the_server_waits_for_nothing_of_the_worker_s_to_pull(run_report):
     # the coordinator's own, a plain model's is on the server.
     ours, plain = report["steps_per_execution_on"]
     assert "/job:ps" not in ours and "/job:ps" in plain, report
+    assert report["weights"] == [4, 2], report  # the model's weights alone, as tf_keras's

@@ -245,13 +245,20 @@ def tf_keras_keep_steps_per_execution_on_the_coordinator(model, make_local_varia
     without crossing a link. Does nothing before `compile` or while tf_keras tunes the
     value itself (its tuner holds the variable).
 
-    Relies on `tf_keras.Model._steps_per_execution` and its `autotune_steps_per_execution`.
+    Relies on `tf_keras.Model._steps_per_execution`, its `autotune_steps_per_execution`
+    and `_self_setattr_tracking` (what tf_keras's own untracked attributes are set under).
     """
     _internal("tf_keras_steps_per_execution")
     current = getattr(model, "_steps_per_execution", None)
     if current is None or model.autotune_steps_per_execution:
         return
-    model._steps_per_execution = make_local_variable(current.numpy())  # noqa: SLF001
+    # Not tracked: the model's weights and checkpoints stay as tf_keras makes them.
+    tracking = model._self_setattr_tracking  # noqa: SLF001
+    model._self_setattr_tracking = False  # noqa: SLF001
+    try:
+        model._steps_per_execution = make_local_variable(current.numpy())  # noqa: SLF001
+    finally:
+        model._self_setattr_tracking = tracking  # noqa: SLF001
 
 
 @_hook("tf_keras_compiled_metrics", "tf_keras",
