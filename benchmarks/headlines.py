@@ -836,7 +836,7 @@ def fuzz_headline():
                     f"{crashes} crashes", [FUZZ], False)
 
 
-ROUND_TRIPS = "results/round_trips/results.json"
+ROUND_TRIPS = ("results/round_trips/ps.json", "results/round_trips/mwms.json")
 # Round trips a step may pay: synchronous compressed steps, and local steps (per H).
 ROUND_TRIPS_TARGET, ROUND_TRIPS_PER_H_TARGET = 1.5, 1.5
 ROUND_TRIPS_NAMES = {"fp32": "fp32", "threelc": "ThreeLC", "threelc-h4": "H=4",
@@ -847,10 +847,14 @@ ROUND_TRIPS_NAMES = {"fp32": "fp32", "threelc": "ThreeLC", "threelc-h4": "H=4",
 def round_trips_headlines():
     """Round trips per step under each strategy (raw, benchmarks.round_trips): the slope of
     step time against RTT, and the targets' verdicts on the compressed configurations."""
+    return [head for path in ROUND_TRIPS for head in _round_trips_headlines(path)]
+
+
+def _round_trips_headlines(path):
     from benchmarks.link_configs import local_steps
     from benchmarks.round_trips import fit
 
-    results = read_json(ROUND_TRIPS)
+    results = read_json(path)
     rows = [r for r in results["rows"] if "error" not in r]
     heads = []
     for strategy in results["strategies"]:
@@ -869,7 +873,7 @@ def round_trips_headlines():
                    else f"met by {sum(met)} of {len(met)}")
         heads.append(Headline(
             f"round-trips-{strategy}", ", ".join(parts) + " round trips per step; target "
-            f"<= 1.5 (synchronous), <= 1.5/H (local steps) {verdict}", [ROUND_TRIPS], True))
+            f"<= 1.5 (synchronous), <= 1.5/H (local steps) {verdict}", [path], True))
     return heads
 
 

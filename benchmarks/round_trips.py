@@ -12,8 +12,8 @@ intercept is the step at zero RTT. Local steps divide by nothing: a step of H=16
 sixteenth of a meeting plus one inner step, so the slope is per step, as measured.
 
 Raw output (every run's summary fields used here) goes to
-`results/round_trips/results.json`; `docs/results/round-trips.md` is made from
-it by `python -m benchmarks.round_trips --report`.
+`results/round_trips/<strategies>.json` (`ps.json`, `mwms.json`); the tables of
+`docs/results/round-trips.md` are `python -m benchmarks.round_trips --report --out FILE`.
 """
 import argparse
 import json
@@ -26,7 +26,7 @@ import time
 from benchmarks.link_configs import CONFIGS, train_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "results", "round_trips", "results.json")
+RESULTS = os.path.join(ROOT, "results", "round_trips")
 
 KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "final_train_loss", "command")
@@ -102,10 +102,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--log-every", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    parser.add_argument("--out", default=OUT)
+    parser.add_argument("--out", help="default: results/round_trips/<strategies>.json")
     parser.add_argument("--report", action="store_true",
                         help="print the table of the results in --out; run nothing")
     args = parser.parse_args(argv)
+    args.out = args.out or os.path.join(RESULTS, args.strategies.replace(",", "-") + ".json")
     if args.report:
         with open(args.out) as f:
             print(report(json.load(f)))
