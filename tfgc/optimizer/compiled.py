@@ -4,9 +4,9 @@ Keras gives an optimizer no say in how its model's train step is built, so `impo
 tfgc` wraps `Model.compile` (tf_keras's `Model`, Keras 3's `Trainer`) once, and after
 the model's own `compile` the wrapper hands the model to each adapter: XLA turned off
 where the optimizer's step cannot run under it (`tfgc.optimizer.xla`); with tf_keras
-under ParameterServerStrategy, a step counter that no longer costs a round trip per
-step (`tfgc.optimizer.tfkeras`). An adapter does nothing to a model whose optimizer is
-not tfgc's.
+under ParameterServerStrategy, steps that `fit` schedules and counts without waiting on
+a parameter server (`tfgc.optimizer.tfkeras.schedule_steps_without_waiting`). An
+adapter does nothing to a model whose optimizer is not tfgc's.
 """
 import functools
 from typing import Any, Callable

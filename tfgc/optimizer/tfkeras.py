@@ -30,8 +30,7 @@ def register_tf_keras_optimizers() -> None:
     `tfgc.BoundedAdam`, known to tf_keras's deserialization (`load_model`), and keeps
     models whose tfgc optimizer XLA cannot compile out of XLA and schedules the steps of
     those under ParameterServerStrategy without waiting on a server
-    (`tfgc.optimizer.compiled`);
-    `import tfgc` calls it. A no-op without tf_keras."""
+    (`tfgc.optimizer.compiled`); `import tfgc` calls it. A no-op without tf_keras."""
     try:
         import tf_keras  # noqa: PLC0415
     except ImportError:

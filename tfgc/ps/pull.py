@@ -5,7 +5,7 @@ Each `PulledVariable` (tfgc.ps.variables) keeps a master on its parameter server
 snapshot row per worker next to it and a cache on each worker. Per step, on the first
 read of any of them, the worker pulls all of them at once:
 
-    worker:  state = 2 * worker index + synced                (one int32 crosses)
+    server:  state = 2 * worker index + synced                (the server's copy)
     server:  payload_i = encode(master_i - snapshot_i[w])     for every variable i
              (a batched codec's deltas: one payload for all, `Codec.encode_and_reconstruct_flat`)
              full = the masters' bytes if not synced, else nothing
@@ -14,10 +14,12 @@ read of any of them, the worker pulls all of them at once:
     worker:  cache_i = synced ? cache_i + decode(payload_i) : full_i
 
 One worker index and one full/delta decision per step serve every variable, and the
-selection is arithmetic (no cond across devices), so the only tensors that cross are
-the state going to the server and the message coming back. With local steps
-(tfgc.local_steps) a worker pulls at the first of every H of its steps only: in the
-others its state says so (-1), and the server's part and the worker's decoding sit in
+selection is arithmetic (no cond across devices). Each worker's state has a copy on the
+server (a per-worker variable that lives there), so the only tensor that crosses is the
+message coming back, and it can leave as soon as the server's part of the step starts:
+a tensor the worker sent would be asked for only then, one more round trip. With local
+steps (tfgc.local_steps) a worker pulls at the first of every H of its steps only: the
+worker sends its state, which in the other steps says so (-1), and the server's part and the worker's decoding sit in
 a branch each side takes on its own, so an empty message comes back and the cache
 keeps what the worker's own steps made of it. A new cache (the first
 step, or a restarted worker, whose per-worker variables TensorFlow recreates) is
