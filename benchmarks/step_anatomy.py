@@ -51,7 +51,10 @@ def train(config, delay, steps, workers, log_dir):
     with cluster.LocalCluster(num_ps=1, num_workers=workers, delay=delay, timeout_s=600,
                               log_dir=log_dir, env=env) as local:
         strategy = tf.distribute.ParameterServerStrategy(local.resolver)
-        layers = lambda: [keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)]
+
+        def layers():
+            return [keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)]
+
         with strategy.scope():
             if config == "plain":
                 model = keras.Sequential(layers())
