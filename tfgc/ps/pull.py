@@ -19,14 +19,14 @@ server (a per-worker variable that lives there), so the only tensor that crosses
 message coming back, and it can leave as soon as the server's part of the step starts:
 a tensor the worker sent would be asked for only then, one more round trip. With local
 steps (tfgc.local_steps) a worker pulls at the first of every H of its steps only: the
-worker sends its state, which in the other steps says so (-1), and the server's part and the worker's decoding sit in
-a branch each side takes on its own, so an empty message comes back and the cache
-keeps what the worker's own steps made of it. A new cache (the first
-step, or a restarted worker, whose per-worker variables TensorFlow recreates) is
-unsynced and takes one full pull of all variables. Where the group's pulls compress,
-a full pull of float32 masters sends them in bfloat16, half the bytes of the largest
-message a worker receives: the snapshot row holds what was sent, so the rounding
-stays in the next deltas, as what any pull leaves out does. Uncompressed pulls
+worker sends its state, which in the other steps says so (-1), and the server's part
+and the worker's decoding sit in a branch each side takes on its own, so an empty
+message comes back and the cache keeps what the worker's own steps made of it. A new
+cache (the first step, or a restarted worker, whose per-worker variables TensorFlow
+recreates) is unsynced and takes one full pull of all variables. Where the group's
+pulls compress, a full pull of float32 masters sends them in bfloat16, half the bytes
+of the largest message a worker receives: the snapshot row holds what was sent, so the
+rounding stays in the next deltas, as what any pull leaves out does. Uncompressed pulls
 (`NoCompression`) send them as they are.
 
 Both sides work on the group's values as one flat vector (variables in payload order,
@@ -126,31 +126,27 @@ class ParameterServerPull:
         """
         synced_handle = self.synced.handle
         synced = tf.raw_ops.ReadVariableOp(resource=synced_handle, dtype=tf.bool)
-        # One scalar: two (or a stack of them) would cross as two tensors, each with a
-        # request of its own (TensorFlow's optimizer cuts a stack sliced on another
-        # device into its parts).
-        state = 2 * worker_index() + tf.cast(synced, tf.int32)
         # Per-worker variables are read here, outside any branch (a branch's function
         # does not get a worker's copy of them).
         currents = base.concat_flat([
             tf.raw_ops.ReadVariableOp(resource=caches[i], dtype=self.dtype)
             for i in self._order])
-        if self.every == 1 and self._server_states is not None:
-            # The server reads the state from its own copy of it: a tensor the worker
-            # sent would be asked for only once the server's part of the step started
-            # (TensorFlow's receiver asks), so the message would reach the worker two
-            # round trips after the step started instead of one.
-            handle = self._server_states.handle  # once: each access is sent with the call
-            with tf.device(self.device):
-                served = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32)
-                message, layout, counted = self._serve(served)
-                with tf.control_dependencies([message]):
-                    tf.raw_ops.AssignVariableOp(resource=handle, value=served // 2 * 2 + 1)
-            news = self._received(message, layout, synced, currents)
-            asked = None
-        elif self.every == 1:
-            with tf.device(self.device):
-                message, layout, counted = self._serve(state)
+        if self.every == 1:
+            if self._server_states is None:
+                state = _sent_state(synced)
+                with tf.device(self.device):
+                    message, layout, counted = self._serve(state)
+            else:
+                # The server reads the state from its own copy of it: a tensor the
+                # worker sent would be asked for only once the server's part of the step
+                # started (TensorFlow's receiver asks), so the message would reach the
+                # worker two round trips after the step started instead of one.
+                handle = self._server_states.handle  # once: each access is sent with the call
+                with tf.device(self.device):
+                    state = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32)
+                    message, layout, counted = self._serve(state)
+                    with tf.control_dependencies([message]):
+                        tf.raw_ops.AssignVariableOp(resource=handle, value=state // 2 * 2 + 1)
             news = self._received(message, layout, synced, currents)
             asked = None
         else:
@@ -158,7 +154,7 @@ class ParameterServerPull:
             step = tf.raw_ops.ReadVariableOp(resource=self._local_step.handle,  # type: ignore[union-attr]
                                              dtype=tf.int64)
             pulling = tf.logical_or(tf.logical_not(synced), step % self.every == 0)
-            state = tf.where(pulling, state, -1)
+            state = tf.where(pulling, _sent_state(synced), -1)
             with tf.device(self.device):
                 message, layout, counted, asked = self._serve_when_asked(state)
             # Received here, outside the branch: the branch then switches a tensor of
@@ -266,6 +262,16 @@ class ParameterServerPull:
     def _shapes(self, unit):
         """The shapes of payload `unit`'s variables."""
         return [self.variables[i].master.shape for i in unit]
+
+
+def _sent_state(synced: tf.Tensor) -> tf.Tensor:
+    """The pull state a worker sends: 2 x its index + whether its caches are synced.
+
+    One scalar: two (or a stack of them) would cross as two tensors, each with a request
+    of its own (TensorFlow's optimizer cuts a stack sliced on another device into its
+    parts). Made only where it is sent: the worker's index is an input of every call of
+    the function that reads it."""
+    return 2 * worker_index() + tf.cast(synced, tf.int32)
 
 
 def _server_copies_of_states(device: str) -> tf.Variable:
