@@ -11,6 +11,13 @@ step time against RTT is the number of sequential round trips a step pays; its
 intercept is the step at zero RTT. Local steps divide by nothing: a step of H=16 is one
 sixteenth of a meeting plus one inner step, so the slope is per step, as measured.
 
+A step's time is also split in two, each with its own slope: the time inside Keras
+epochs per step (the steps, the wait for the last of an epoch's steps, Keras reading
+the metrics), and the time between one epoch's end and the next one's start (the
+callbacks at its end: the traffic counters, TensorBoard; the next one's set-up), per
+gap. The second is paid once per epoch: `--log-every` steps here, a pass over the data
+in most training.
+
 Raw output (every run's summary fields used here) goes to
 `results/round_trips/<strategies>.json` (`ps.json`, `mwms.json`); the tables of
 `docs/results/round-trips.md` are `python -m benchmarks.round_trips --report --out FILE`.
@@ -28,7 +35,8 @@ from benchmarks.link_configs import CONFIGS, train_args
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results", "round_trips")
 
-KEPT = ("step_time_s", "first_epoch_s", "train_time_s", "socket_worker_to_ps_bytes_per_step",
+KEPT = ("step_time_s", "in_epoch_step_time_s", "between_epochs_s", "first_epoch_s",
+        "train_time_s", "socket_worker_to_ps_bytes_per_step",
         "socket_ps_to_worker_bytes_per_step", "final_train_loss", "command")
 
 
@@ -57,10 +65,11 @@ def run_one(config, strategy, rate, rtt_ms, steps, log_every, timeout_s):
     return row
 
 
-def fit(rows):
-    """Least squares of step time (s) on RTT (s): (round trips per step, step at 0 RTT)."""
+def fit(rows, key="step_time_s"):
+    """Least squares of `key` (s; by default the step time) on RTT (s): (round trips,
+    value at 0 RTT)."""
     xs = [r["rtt_ms"] / 1e3 for r in rows]
-    ys = [r["step_time_s"] for r in rows]
+    ys = [r[key] for r in rows]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
@@ -70,10 +79,14 @@ def fit(rows):
 def report(results):
     """The results page's table: one row per strategy and configuration."""
     rows = [r for r in results["rows"] if "error" not in r]
+    split = all(r.get("in_epoch_step_time_s") is not None
+                and r.get("between_epochs_s") is not None for r in rows)
     lines = [
         "| strategy | configuration | round trips per step (slope) | fitted step at 0 RTT (s) | "
-        + " | ".join(f"step at {rtt:g} ms (s)" for rtt in results["rtts_ms"]) + " |",
-        "|---|---|---|---|" + "---|" * len(results["rtts_ms"]),
+        + " | ".join(f"step at {rtt:g} ms (s)" for rtt in results["rtts_ms"])
+        + (" | round trips per step inside epochs | round trips between epochs |"
+           if split else " |"),
+        "|---|---|---|---|" + "---|" * len(results["rtts_ms"]) + ("---|---|" if split else ""),
     ]
     for strategy in results["strategies"]:
         for config in results["configs"]:
@@ -83,6 +96,9 @@ def report(results):
             slope, intercept = fit(mine)
             by_rtt = {r["rtt_ms"]: r["step_time_s"] for r in mine}
             cells = [f"{by_rtt[rtt]:.3f}" if rtt in by_rtt else "-" for rtt in results["rtts_ms"]]
+            if split:
+                cells += [f"{fit(mine, 'in_epoch_step_time_s')[0]:.2f}",
+                          f"{fit(mine, 'between_epochs_s')[0]:.1f}"]
             lines.append(f"| {strategy} | {config} | {slope:.2f} | {intercept:.3f} | "
                          + " | ".join(cells) + " |")
     failed = [r for r in results["rows"] if "error" in r]

@@ -3,10 +3,9 @@
 `models.train --eval-every N` tests the model every N Keras epochs, as its final test
 does (a copy of the weights, batch-norm statistics recomputed or kept alike), so that
 a time to accuracy is a time to a *test* accuracy. The evaluation pauses training;
-the pause is taken off the run's clock (its history rows and train time), so the
-times are those of training alone.
+the pause is taken off the run's clock (`Recorder.pause`: its history rows and train
+time), so the times are those of training alone.
 """
-import time
 
 
 def evaluator_class():
@@ -30,23 +29,16 @@ def evaluator_class():
             self.every = every
             self.epochs = epochs
             self.rows = []  # {"step", "time_s", "test_accuracy"}
-            self.pauses = []  # (began, seconds), time.monotonic()
 
         def on_epoch_end(self, epoch, logs=None):
             if (epoch + 1) % self.every and epoch + 1 != self.epochs:
                 return
-            began = time.monotonic()
+            began = self.recorder.clock()
             row = self.recorder.rows[-1]
             accuracy = float(self.test(self.model))
             self.rows.append({"step": row["step"], "time_s": row["time_s"],
                               "test_accuracy": accuracy})
-            paused = time.monotonic() - began
-            self.pauses.append((began, paused))
-            self.recorder.start += paused  # the next rows count training time only
-
-        def paused_before(self, moment):
-            """Seconds of testing that began before `moment` (time.monotonic())."""
-            return sum(seconds for began, seconds in self.pauses if began < moment)
+            self.recorder.pause(began, self.recorder.clock() - began)
 
     return HeldOutAccuracy
 

@@ -1,5 +1,10 @@
 """What `models.train` records per step (per Keras epoch under PSS): time, loss,
-accuracy, bytes pushed, and the cluster's socket counters."""
+accuracy, bytes pushed, the cluster's socket counters, and where each epoch's time
+went (its steps, and the work between epochs).
+
+The run's clock counts training only: a callback that pauses training for work of the
+run's own (a test of the held-out set, a backup) tells the recorder (`pause`), and the
+rows' times and the train time leave that pause out."""
 import json
 import os
 import time
@@ -20,8 +25,9 @@ def recorder_classes():
         """
 
         def __init__(self, optimizer, steps_per_epoch, per_batch, cluster=None,
-                     rows_path=None):
+                     rows_path=None, clock=time.monotonic):
             super().__init__()
+            self.clock = clock  # seconds, monotonic (tests pass their own)
             self.optimizer = optimizer
             self.steps_per_epoch = steps_per_epoch
             self.per_batch = per_batch
@@ -32,14 +38,22 @@ def recorder_classes():
             self.resumed_rows = 0  # rows that earlier attempts wrote
             self.epoch = 0
             self.start = None
-            self.last_epoch_end = None  # time.monotonic() when the last epoch ended
+            self.last_epoch_end = None  # clock() when the last epoch ended
             self._last_counters = None
+            self.pauses = []  # (began, seconds), clock() times: off the clock
+            # Per epoch, seconds from its start to its end (its steps, the wait for the
+            # last of them and Keras reading the metrics), and from its end to the next
+            # epoch's start (the callbacks' work at its end, the next one's set-up),
+            # pauses left out.
+            self.epoch_seconds, self.between_epochs_seconds = [], []
+            self._epoch_began = None
+            self._epoch_ended = None
 
         def _counters(self):
-            return {k: int(v.numpy()) for k, v in self.optimizer.traffic.items()}
+            return self.optimizer.read_traffic()
 
         def on_train_begin(self, logs=None):
-            self.start = time.monotonic()
+            self.start = self.clock()
             self._last_counters = self._counters()
             # A resumed attempt starts where the restored backup ended (BackupAndRestore
             # runs first); the rows up to there come from the attempts before.
@@ -53,11 +67,26 @@ def recorder_classes():
                     f.writelines(json.dumps(row) + "\n" for row in self.rows)
             self.read_sockets(step)
 
+        def pause(self, began, seconds):
+            """Takes `seconds` of work that began at `began` (`clock()`) off the
+            run's clock: later rows' times, and the time between epochs."""
+            self.pauses.append((began, seconds))
+            self.start += seconds
+
+        def paused_before(self, moment):
+            """Seconds of pauses that began before `moment` (`clock()`)."""
+            return sum(seconds for began, seconds in self.pauses if began < moment)
+
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            self._epoch_began = self.clock()
+            if self._epoch_ended is not None:
+                self.between_epochs_seconds.append(
+                    self._epoch_began - self._epoch_ended
+                    - (self.paused_before(self._epoch_began) - self.paused_before(self._epoch_ended)))
 
         def _row(self, step, logs):
-            row = {"step": step, "time_s": time.monotonic() - self.start}
+            row = {"step": step, "time_s": self.clock() - self.start}
             for key in HISTORY_FIELDS[2:]:
                 value = (logs or {}).get(key)
                 row[key] = None if value is None else float(value)
@@ -68,6 +97,9 @@ def recorder_classes():
 
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * self.steps_per_epoch
+            self._epoch_ended = self.clock()
+            if self._epoch_began is not None:
+                self.epoch_seconds.append(self._epoch_ended - self._epoch_began)
             if not self.per_batch:
                 from tfgc.callbacks import per_step_traffic
 
@@ -79,7 +111,7 @@ def recorder_classes():
                                  ("push_bytes", "push_dense_bytes", "compression_ratio")})
                 self._row(step, logs)
             self.read_sockets(step)
-            self.last_epoch_end = time.monotonic()
+            self.last_epoch_end = self.clock()
 
         def read_sockets(self, step):
             if self.cluster == "task":  # an MWMS worker: its own sockets to its peers

@@ -89,7 +89,7 @@ def backup_dir(out):
     return os.path.join(out, "backup")
 
 
-def backup_callbacks(out, every_s=0.0, clock=time.monotonic):
+def backup_callbacks(out, every_s=0.0, clock=time.monotonic, pause=None):
     """(first, last): tf_keras `BackupAndRestore` for `backup_dir(out)`, split in two.
 
     Put `first` before every other callback and `last` after them: the backup is
@@ -103,6 +103,8 @@ def backup_callbacks(out, every_s=0.0, clock=time.monotonic):
       every_s: `last` saves each epoch that ends at least this many seconds after the
         previous save ended, or training began (0: every epoch).
       clock: seconds, monotonic (tests pass their own).
+      pause: called as `pause(began, seconds)` (`clock()` times) after each save;
+        `models.train` passes its recorder's, which takes the save off the run's clock.
     """
     import tf_keras
 
@@ -123,10 +125,13 @@ def backup_callbacks(out, every_s=0.0, clock=time.monotonic):
             self.saved_at = clock()
 
         def on_epoch_end(self, epoch, logs=None):
-            if clock() - self.saved_at < every_s:
+            began = clock()
+            if began - self.saved_at < every_s:
                 return
             self.backup.save(epoch, logs)
             self.saved_at = clock()
+            if pause is not None:
+                pause(began, self.saved_at - began)
 
     if every_s < 0:
         raise ValueError(f"every_s must be >= 0, got {every_s}")

@@ -410,7 +410,8 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     if args._attempt and args.max_restarts > 0:
         # Saved after the recorder's row, every --backup-every-s; a later attempt resumes
         # from it (models.supervise), restored before the recorder starts.
-        restore, save = supervise.backup_callbacks(out, args.backup_every_s)
+        restore, save = supervise.backup_callbacks(out, args.backup_every_s,
+                                                   pause=recorder.pause)
         callbacks = [restore, *callbacks, save]
     started = time.monotonic()
     try:
@@ -437,8 +438,7 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
     # per-worker input pipelines; under PSS removing their remote functions has taken
     # from 0.3 s to over 30 s, varying from run to run for every codec, fp32 included.
     trained = recorder.last_epoch_end or returned
-    summary["train_time_s"] = trained - started - (
-        0.0 if evaluator is None else evaluator.paused_before(trained))
+    summary["train_time_s"] = trained - started - recorder.paused_before(trained)
     summary["fit_teardown_s"] = returned - trained
     if mqgrad is not None:
         summary["mqgrad"] = mqgrad_summary(mqgrad)
@@ -458,10 +458,18 @@ def _fit_and_evaluate(args, workload, codec, strategy, cluster, out, summary,
         else rows[-1]["time_s"] / steps_done)
     # This attempt's first Keras epoch: its steps plus tracing and graph optimization.
     summary["first_epoch_s"] = first_row["time_s"]
+    # Where the time after the first epoch went: the epochs themselves (their steps,
+    # the wait for the last of them, Keras reading the metrics), per step; and the work
+    # between one epoch's end and the next one's start (callbacks, set-up), per gap.
+    later_epochs = recorder.epoch_seconds[1:]
+    summary["in_epoch_step_time_s"] = (
+        sum(later_epochs) / (len(later_epochs) * steps_per_epoch) if later_epochs else None)
+    gaps = recorder.between_epochs_seconds
+    summary["between_epochs_s"] = sum(gaps) / len(gaps) if gaps else None
     for key in ("loss", "accuracy"):
         tail = [r[key] for r in rows if r[key] is not None and r["step"] > steps_done - steps_per_epoch]
         summary["final_train_" + key] = float(np.mean(tail)) if tail else None
-    counters = {k: int(v.numpy()) for k, v in optimizer.traffic.items()}
+    counters = optimizer.read_traffic()
     summary["push_bytes_per_step"] = counters["push_bytes"] / steps_done
     summary["push_dense_bytes_per_step"] = counters["push_dense_bytes"] / steps_done
     summary["payload_ratio"] = (

@@ -8,9 +8,10 @@ worker's pull state from a copy of it on the server: this checks, in the traced 
 of a step's reads on a real cluster, that no op the server runs for the pull depends on
 an op of the worker's. tf_keras's step counter (on a server) waits for the step's loss,
 and `fit` reads `steps_per_execution` (on a server) before it schedules each step,
-unless the model was compiled with a tfgc optimizer: that the counter still counts and
-where the variable lives are checked here, what they save is measured by
-`benchmarks.round_trips`.
+and at each epoch's ends resets and reads the metrics (on a server) one variable at a
+time, unless the model was compiled with a tfgc optimizer: that the counter still
+counts, where the variable lives and that the metrics read true are checked here, what
+they save is measured by `benchmarks.round_trips`.
 """
 import pytest
 
@@ -51,7 +52,7 @@ COORDINATOR = cluster_scripts.script(
             optimizer = tfgc.DistributedOptimizer(
                 tf_keras.optimizers.SGD(0.01), compression=tfgc.codecs.ThreeLC(1.0),
                 parameter_servers=servers)
-            model.compile(optimizer, loss="mse")
+            model.compile(optimizer, loss="mse", metrics=["mae"])
             plain.compile(tf_keras.optimizers.SGD(0.01), loss="mse")
 
         @tf.function
@@ -73,6 +74,13 @@ COORDINATOR = cluster_scripts.script(
         result["counter_changed"] = type(model._train_counter) is not type(plain._train_counter)
         result["steps_per_execution_on"] = [m._steps_per_execution.device for m in (model, plain)]
         result["weights"] = [len(m.get_weights()) for m in (model, plain)]
+        # The metrics (on the server) read and reset in one call each.
+        result["metrics_in_one_call"] = [
+            bool(getattr(m, "_tfgc_metrics_in_one_call", False)) for m in (model, plain)]
+        result["metrics_read"] = {k: float(v) for k, v in model.get_metrics_result().items()}
+        result["metrics_each"] = {m.name: float(m.result()) for m in model.metrics}
+        model.reset_metrics()
+        result["metrics_after_reset"] = [float(v) for v in model.get_metrics_result().values()]
     send_report(result)
     """
 )
@@ -95,3 +103,10 @@ def test_the_server_waits_for_nothing_of_the_worker_s_to_pull(run_report):
     ours, plain = report["steps_per_execution_on"]
     assert "/job:ps" not in ours and "/job:ps" in plain, report
     assert report["weights"] == [4, 2], report  # the model's weights alone, as tf_keras's
+    # At an epoch's ends `fit` resets and reads the metrics: one call each for a tfgc
+    # model, with what reading each metric alone gives.
+    assert report["metrics_in_one_call"] == [True, False], report
+    assert set(report["metrics_read"]) == {"loss", "mae"}, report
+    assert report["metrics_read"]["mae"] > 0, report
+    assert report["metrics_read"] == pytest.approx(report["metrics_each"], rel=1e-6), report
+    assert report["metrics_after_reset"] == [0.0, 0.0], report

@@ -258,12 +258,22 @@ def test_backups_are_saved_once_the_interval_has_passed(tmp_path):
         save.on_epoch_end(epoch)
     # The first epoch ending >= 60 s after the start, then >= 60 s after each save.
     assert saved == [2, 5, 6]
-    every, saved = supervise.backup_callbacks(str(tmp_path), every_s=0.0), []
-    every[0].save = lambda epoch, logs: saved.append(epoch)
+    paused = []
+    every = supervise.backup_callbacks(str(tmp_path), every_s=0.0, clock=lambda: now[0],
+                                       pause=lambda began, seconds: paused.append((began, seconds)))
+    saved = []
+
+    def save_taking_2_s(epoch, logs):
+        saved.append(epoch)
+        now[0] += 2
+
+    every[0].save = save_taking_2_s
     every[1].on_train_begin()
     for epoch in range(3):
         every[1].on_epoch_end(epoch)
     assert saved == [0, 1, 2]
+    # Each save is told, to be taken off the run's clock.
+    assert paused == [(200, 2), (202, 2), (204, 2)]
     with pytest.raises(ValueError, match="every_s"):
         supervise.backup_callbacks(str(tmp_path), every_s=-1)
 
@@ -567,3 +577,27 @@ def test_a_lost_worker_is_said_aloud_and_recorded(tmp_path):
     assert f"worker {index} exited with code -9" in stderr, stderr[-4000:]
     assert "training goes on with 1 worker" in stderr
     assert summary["steps"] == 48 and summary["test_accuracy"] is not None
+
+
+def test_the_recorder_tells_epochs_from_the_time_between_them():
+    from models.recorder import recorder_classes
+
+    now = [0.0]
+    recorder = recorder_classes()[1](None, steps_per_epoch=4, per_batch=True,
+                                     clock=lambda: now[0])
+    recorder.start = 0.0
+    # Epochs of 2 s, 3 s and 4 s; 1 s between them, and a 5 s pause (a test of the
+    # held-out set) after the second, which the clock leaves out.
+    for epoch, (begins, ends) in enumerate([(0, 2), (3, 6), (12, 16)]):
+        now[0] = begins
+        recorder.on_epoch_begin(epoch)
+        now[0] = ends
+        recorder.on_epoch_end(epoch)
+        if epoch == 1:
+            recorder.pause(7.0, 5.0)
+    assert recorder.epoch_seconds == [2, 3, 4]
+    assert recorder.between_epochs_seconds == [1, 1]
+    assert recorder.paused_before(7.0) == 0 and recorder.paused_before(7.5) == 5
+    assert [row["time_s"] for row in recorder.rows] == []  # rows come from batches
+    recorder.on_train_batch_end(0)
+    assert recorder.rows[-1]["time_s"] == 16 - 5

@@ -91,10 +91,9 @@ class TrafficLogger(tf_keras.callbacks.Callback):
 
     def _reading(self):
         """(optimizer steps, {counter: bytes}), or None before the optimizer is built."""
-        traffic = self.optimizer.traffic
-        if traffic is None:
+        counters = self.optimizer.read_traffic()
+        if counters is None:
             return None  # not built yet
-        counters = {name: int(value.numpy()) for name, value in traffic.items()}
         return int(self.optimizer.iterations.numpy()), counters
 
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:

@@ -61,6 +61,7 @@ class TrafficCounters:
         self._counters = counters
         self.names = list(names) + ["(variables built later; batch-norm statistics)"]
         self._position = position
+        self._read_totals: Optional[Callable[[], dict[str, tf.Tensor]]] = None
 
     def record(self, direction: str, sent: Sequence[Any],
                happened: Optional[tf.Tensor] = None) -> Optional[tf.Tensor]:
@@ -108,6 +109,16 @@ class TrafficCounters:
             for row, kind in enumerate(ROWS):
                 totals[f"{direction}_{kind}"] = sums[row]
         return totals
+
+    def read(self) -> dict[str, int]:
+        """`totals()` as Python ints, read in one call (eager).
+
+        Under ParameterServerStrategy the counters live on a server, and each eager read
+        of one from the coordinator is a round trip or more of its own; one function
+        reads them all in one."""
+        if self._read_totals is None:
+            self._read_totals = tf.function(self.totals)
+        return {key: int(value) for key, value in self._read_totals().items()}
 
     def by_variable(self) -> dict[str, dict[str, int]]:
         """{variable name: {"push_bytes", "push_dense_bytes", "push_plain_bytes", and the

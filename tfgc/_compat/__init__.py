@@ -44,6 +44,7 @@ from tfgc._compat.tf_keras_hooks import (
     tf_keras_build_compiled_metrics, tf_keras_count_steps_when_they_start,
     tf_keras_keep_steps_per_execution_on_the_coordinator,
     tf_keras_deduplicate_sparse_grad, tf_keras_inference_call, tf_keras_learning_rate_now,
-    tf_keras_num_variables, tf_keras_steps_per_execution, tf_keras_uses_weight_decay,
+    tf_keras_num_variables, tf_keras_read_metrics_in_one_call, tf_keras_steps_per_execution,
+    tf_keras_uses_weight_decay,
     tf_keras_variable_index,
 )

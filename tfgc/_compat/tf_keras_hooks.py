@@ -261,6 +261,68 @@ def tf_keras_keep_steps_per_execution_on_the_coordinator(model, make_local_varia
         model._self_setattr_tracking = tracking  # noqa: SLF001
 
 
+@_hook("tf_keras_metric_methods", "tf_keras",
+       "tf_keras.Model's `metrics`, `get_metrics_result()` and `reset_metrics()`, which "
+       "`fit` and `evaluate` call eagerly at each epoch's end and start")
+def _probe_tf_keras_metric_methods():
+    import tf_keras  # noqa: PLC0415
+
+    for method in ("get_metrics_result", "reset_metrics"):
+        _method(tf_keras.Model, method)
+    if not isinstance(inspect.getattr_static(tf_keras.Model, "metrics"), property):
+        raise LookupError("tf_keras.Model.metrics is not a property")
+    return None
+
+
+_IN_ONE_CALL = "_tfgc_metrics_in_one_call"
+
+
+def tf_keras_read_metrics_in_one_call(model):
+    """Makes a tf_keras model's eager `get_metrics_result()` and `reset_metrics()` one
+    `tf.function` call each.
+
+    Under ParameterServerStrategy the compiled metrics' variables live on a parameter
+    server, and `fit` resets them at each epoch's start and reads them at its end from
+    the coordinator, one eager operation per variable: each a round trip or more. As one
+    function, each is one call. Applies while every metric is of a tf_keras class (a
+    metric of the user's own may keep Python state a function would not update), and
+    traces again when the model's metrics change; inside a traced step the methods run
+    as tf_keras wrote them. Does nothing the second time.
+
+    Relies on `tf_keras.Model.metrics`, `get_metrics_result` and `reset_metrics`.
+    """
+    _internal("tf_keras_metric_methods")
+    if getattr(model, _IN_ONE_CALL, False):
+        return
+    tracking = model._self_setattr_tracking  # noqa: SLF001
+    model._self_setattr_tracking = False  # noqa: SLF001
+    try:
+        for method in ("get_metrics_result", "reset_metrics"):
+            # A plain function, not a tf.function: SavedModel saves the tf.functions it
+            # finds among a model's attributes.
+            setattr(model, method, _in_one_call(model, getattr(model, method)))
+        setattr(model, _IN_ONE_CALL, True)
+    finally:
+        model._self_setattr_tracking = tracking  # noqa: SLF001
+
+
+def _in_one_call(model, method):
+    """`method()` (bound to `model`) run eagerly as one tf.function per set of metrics."""
+    functions = {}
+
+    def in_one_call():
+        metrics = model.metrics
+        if not tf.executing_eagerly() or not all(
+                type(m).__module__.startswith("tf_keras.") for m in metrics):
+            return method()
+        key = tuple(id(m) for m in metrics)
+        if key not in functions:
+            functions[key] = tf.function(method)
+        return functions[key]()
+
+    return in_one_call
+
+
 @_hook("tf_keras_compiled_metrics", "tf_keras",
        "a compiled tf_keras Model's `compiled_metrics` container, its `built` and its "
        "`build(y_pred, y_true)`")

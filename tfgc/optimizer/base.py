@@ -293,6 +293,11 @@ class CompressingBase:
         built."""
         return None if self._counters is None else self._counters.totals()
 
+    def read_traffic(self) -> Optional[dict[str, int]]:
+        """`traffic` as Python ints, read in one call (eager; None until built): the
+        counters may live on a parameter server, a round trip away."""
+        return None if self._counters is None else self._counters.read()
+
     def traffic_by_variable(self) -> dict[str, dict[str, int]]:
         """{variable name: {"push_bytes", "push_plain_bytes", "push_dense_bytes", and
         the same for "pull"}} as Python ints, cumulative (eager only)."""

@@ -58,6 +58,9 @@ def schedule_steps_without_waiting(model: Any) -> None:
       (`_compat.tf_keras_count_steps_when_they_start`). A step the coordinator runs again
       after a worker failure is then counted twice (the counter is read by the progress
       bar when it has no step count, and by TensorBoard's per-batch summaries).
+    - The metrics, on a server, are reset at each epoch's start and read at its end in
+      one call each rather than one round trip per variable
+      (`_compat.tf_keras_read_metrics_in_one_call`).
     """
     if compressing_optimizer(getattr(model, "optimizer", None)) is None:
         return
@@ -65,6 +68,7 @@ def schedule_steps_without_waiting(model: Any) -> None:
         return
     _compat.tf_keras_keep_steps_per_execution_on_the_coordinator(model, _coordinator_variable)
     _compat.tf_keras_count_steps_when_they_start(model)
+    _compat.tf_keras_read_metrics_in_one_call(model)
 
 
 def _coordinator_variable(value: Any) -> tf.Variable:
