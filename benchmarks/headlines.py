@@ -836,7 +836,8 @@ def fuzz_headline():
                     f"{crashes} crashes", [FUZZ], False)
 
 
-ROUND_TRIPS = ("results/round_trips/ps.json", "results/round_trips/mwms.json")
+ROUND_TRIPS = ("results/round_trips/ps.json", "results/round_trips/mwms.json",
+               "results/round_trips/steps_per_execution.json")
 # Round trips a step may pay: synchronous compressed steps, and local steps (per H).
 ROUND_TRIPS_TARGET, ROUND_TRIPS_PER_H_TARGET = 1.5, 1.5
 ROUND_TRIPS_NAMES = {"fp32": "fp32", "threelc": "ThreeLC", "threelc-h4": "H=4",
@@ -858,21 +859,28 @@ def _round_trips_headlines(path):
     rows = [r for r in results["rows"] if "error" not in r]
     heads = []
     for strategy in results["strategies"]:
-        parts, met = [], []
+        parts, met, inside = [], [], []
         for config in results["configs"]:
             mine = [r for r in rows if (r["strategy"], r["config"]) == (strategy, config)]
             if len(mine) < 2:
                 continue
             slope = fit(mine)[0]
             parts.append(f"{ROUND_TRIPS_NAMES.get(config, config)} {slope:.2f}")
+            if all(r.get("in_epoch_step_time_s") is not None for r in mine):
+                inside.append(f"{fit(mine, 'in_epoch_step_time_s')[0]:.2f}")
             if config != "fp32":
                 h = local_steps(config)
                 target = ROUND_TRIPS_TARGET if h == 1 else ROUND_TRIPS_PER_H_TARGET / h
                 met.append(slope <= target)
         verdict = ("met" if all(met) else "missed" if not any(met)
                    else f"met by {sum(met)} of {len(met)}")
+        within = (f" ({', '.join(inside)} inside Keras epochs, the time between epochs "
+                  "left out)" if len(inside) == len(parts) else "")
+        stem = os.path.splitext(os.path.basename(path))[0]
+        name = f"round-trips-{strategy}" + ("" if stem == strategy else f"-{stem}".replace("_", "-"))
         heads.append(Headline(
-            f"round-trips-{strategy}", ", ".join(parts) + " round trips per step; target "
+            name, ", ".join(parts) + " round trips per step" + within
+            + "; target "
             f"<= 1.5 (synchronous), <= 1.5/H (local steps) {verdict}", [path], True))
     return heads
 
