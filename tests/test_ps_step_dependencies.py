@@ -67,6 +67,23 @@ COORDINATOR = cluster_scripts.script(
 
         x = tf.random.normal((64, 16))
         data = tf.data.Dataset.from_tensor_slices((x, tf.reduce_sum(x, 1))).repeat().batch(8)
+
+        # Pulls started by a read traced outside the strategy's scope and its `run`
+        # are still the strategy's: one snapshot row per worker, and both workers step.
+        late = tfgc.ParameterServers(tfgc.codecs.ThreeLC(1.0))
+        with strategy.scope():
+            with late.scope():
+                traced_outside = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+                traced_outside.build((None, 16))
+            traced_outside.compile(tfgc.DistributedOptimizer(
+                tf_keras.optimizers.SGD(0.01), compression=tfgc.codecs.ThreeLC(1.0),
+                parameter_servers=late), loss="mse")
+        tf.function(traced_outside).get_concrete_function(tf.TensorSpec([8, 16], tf.float32))
+        traced_outside.fit(data, epochs=2, steps_per_epoch=6, verbose=0)
+        result["traced_outside_snapshot_rows"] = int(
+            traced_outside.layers[0].kernel._group.snapshots.shape[0])
+        result["traced_outside_counted"] = int(traced_outside._train_counter.numpy())
+
         model.fit(data, epochs=2, steps_per_epoch=5, verbose=0)
         plain.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
         result["counted"] = int(model._train_counter.numpy())
@@ -105,6 +122,8 @@ def test_the_server_waits_for_nothing_of_the_worker_s_to_pull(run_report):
     assert report["weights"] == [4, 2], report  # the model's weights alone, as tf_keras's
     # At an epoch's ends `fit` resets and reads the metrics: one call each for a tfgc
     # model, with what reading each metric alone gives.
+    assert report["traced_outside_snapshot_rows"] == 2, report
+    assert report["traced_outside_counted"] == 12, report
     assert report["metrics_in_one_call"] == [True, False], report
     assert set(report["metrics_read"]) == {"loss", "mae"}, report
     assert report["metrics_read"]["mae"] > 0, report

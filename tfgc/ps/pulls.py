@@ -22,15 +22,17 @@ Without a codec from anywhere the variables are read from their servers as they 
 (fp32). The optimizer that applies gradients to the variables counts their pull bytes
 (its `traffic`), whichever way their codec was chosen.
 """
+import contextlib
 import itertools
 import json
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional, Protocol, Sequence
 
 import tensorflow as tf
 
+from tfgc import _compat
 from tfgc import codecs as codecs_lib
 from tfgc.codecs import base
 from tfgc.distribute import DEFAULT_MIN_ELEMENTS, is_parameter_server, local_variable
@@ -215,7 +217,10 @@ class CompressedPulls:
         for variable in self.variables:
             groups.setdefault((variable.master.device, variable.master.dtype),
                               []).append(variable)
-        with tf.init_scope():  # the groups' buffers are not part of a traced step
+        # The groups' buffers are not part of a traced step, and are the masters'
+        # strategy's: a first read traced outside its scope and its `run` (a
+        # `tf.function` over `model(x)`) would size them for the default strategy.
+        with tf.init_scope(), _in_scope_of(self.variables[0].master):
             if pull_codecs.local_steps > 1:
                 self.local_step = local_variable(tf.constant(0, tf.int64), "local_step",
                                                  per_worker=True)
@@ -436,3 +441,15 @@ def get_variable(name: str, shape: Sequence[int], dtype: tf.DType = tf.float32,
         master = tf.Variable(lambda: init(static, dtype), dtype=dtype, name=name,
                              trainable=trainable)
     return pulls.adopt(master, min_elements=0)
+
+
+@contextlib.contextmanager
+def _in_scope_of(master: tf.Variable) -> Iterator[None]:
+    """Enters the scope of the strategy `master` was made under, unless a strategy's is
+    open already (that one's variables are made, as TensorFlow would)."""
+    strategy = _compat.distribute_strategy_of(master)
+    if strategy is None or tf.distribute.has_strategy():
+        yield
+        return
+    with strategy.scope():
+        yield
