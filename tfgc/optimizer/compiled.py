@@ -5,7 +5,8 @@ tfgc` wraps `Model.compile` (tf_keras's `Model`, Keras 3's `Trainer`) once, and 
 the model's own `compile` the wrapper hands the model to each adapter: XLA turned off
 where the optimizer's step cannot run under it (`tfgc.optimizer.xla`); with tf_keras
 under ParameterServerStrategy, steps that `fit` schedules and counts without waiting on
-a parameter server (`tfgc.optimizer.tfkeras.schedule_steps_without_waiting`). An
+a parameter server, and metrics it resets and reads in one call each
+(`tfgc.optimizer.tfkeras.schedule_steps_without_waiting`). An
 adapter does nothing to a model whose optimizer is not tfgc's.
 """
 import functools
