@@ -220,7 +220,7 @@ def run_variant(args, data, x, y, x_test, y_test, base_lr):
         args, data, x, y, x_test, y_test, base_lr)
     summary = {"args": vars(args), "dataset": data.describe(), "accuracy": test_accuracy,
                "final_loss": float(np.mean(losses[-50:])), "train_seconds": seconds,
-               "traffic": {k: int(v.numpy()) for k, v in optimizer.traffic.items()},
+               "traffic": optimizer.read_traffic(),
                "gradiveq_run_layers": used, "losses": losses}
     with open(os.path.join(args.out, f"gradiveq_study_{args.variant}.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -258,7 +258,7 @@ def main(argv=None):
         "train_seconds": {"uncompressed": plain_time, "gradiveq": gradiveq_time},
         "final_loss": {"uncompressed": float(np.mean(plain_losses[-50:])),
                        "gradiveq": float(np.mean(gradiveq_losses[-50:]))},
-        "traffic": {k: int(v.numpy()) for k, v in optimizer.traffic.items()},
+        "traffic": optimizer.read_traffic(),
         "layers": rows, "gradiveq_run_layers": used, "figure5": fig5,
         "mean_K_over_d": float(np.mean([r["K/d"] for r in rows])),
         "refresh_seconds_total": float(sum(r["refresh_s"] for r in rows)),

@@ -125,9 +125,11 @@ def _counted(optimizer):
     import tfgc  # noqa: PLC0415
 
     found = tfgc.optimizer.base.compressing_optimizer(optimizer)
-    if found is None or found.traffic is None:
-        return None if found is None else (0, 0, 0)
-    traffic = {k: int(v.numpy()) for k, v in found.traffic.items()}
+    if found is None:
+        return None
+    traffic = found.read_traffic()
+    if traffic is None:
+        return 0, 0, 0
     return traffic["push_bytes"], traffic["push_plain_bytes"], traffic["push_dense_bytes"]
 
 

@@ -120,10 +120,12 @@ def test_the_server_waits_for_nothing_of_the_worker_s_to_pull(run_report):
     ours, plain = report["steps_per_execution_on"]
     assert "/job:ps" not in ours and "/job:ps" in plain, report
     assert report["weights"] == [4, 2], report  # the model's weights alone, as tf_keras's
-    # At an epoch's ends `fit` resets and reads the metrics: one call each for a tfgc
-    # model, with what reading each metric alone gives.
+    # Pulls whose first read was traced outside the strategy's scope: sized for both
+    # workers, and both workers' steps ran.
     assert report["traced_outside_snapshot_rows"] == 2, report
     assert report["traced_outside_counted"] == 12, report
+    # At an epoch's ends `fit` resets and reads the metrics: one call each for a tfgc
+    # model, with what reading each metric alone gives.
     assert report["metrics_in_one_call"] == [True, False], report
     assert set(report["metrics_read"]) == {"loss", "mae"}, report
     assert report["metrics_read"]["mae"] > 0, report

@@ -1,6 +1,7 @@
 """tfgc._compat's tf_keras hooks, probed at their first use (tf_keras is optional and
 slow to import)."""
 import collections
+import contextlib
 import inspect
 
 import tensorflow as tf
@@ -253,10 +254,18 @@ def tf_keras_keep_steps_per_execution_on_the_coordinator(model, make_local_varia
     if current is None or model.autotune_steps_per_execution:
         return
     # Not tracked: the model's weights and checkpoints stay as tf_keras makes them.
+    with _untracked(model):
+        model._steps_per_execution = make_local_variable(current.numpy())  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def _untracked(model):
+    """Attributes set on `model` inside are not tracked (not dependencies of its weights
+    and checkpoints), as tf_keras sets its own untracked attributes."""
     tracking = model._self_setattr_tracking  # noqa: SLF001
     model._self_setattr_tracking = False  # noqa: SLF001
     try:
-        model._steps_per_execution = make_local_variable(current.numpy())  # noqa: SLF001
+        yield
     finally:
         model._self_setattr_tracking = tracking  # noqa: SLF001
 
@@ -294,16 +303,12 @@ def tf_keras_read_metrics_in_one_call(model):
     _internal("tf_keras_metric_methods")
     if getattr(model, _IN_ONE_CALL, False):
         return
-    tracking = model._self_setattr_tracking  # noqa: SLF001
-    model._self_setattr_tracking = False  # noqa: SLF001
-    try:
+    with _untracked(model):
         for method in ("get_metrics_result", "reset_metrics"):
             # A plain function, not a tf.function: SavedModel saves the tf.functions it
             # finds among a model's attributes.
             setattr(model, method, _in_one_call(model, getattr(model, method)))
         setattr(model, _IN_ONE_CALL, True)
-    finally:
-        model._self_setattr_tracking = tracking  # noqa: SLF001
 
 
 def _in_one_call(model, method):
